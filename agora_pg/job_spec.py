@@ -1,0 +1,93 @@
+"""What an enqueue asks for, checked before it reaches the database. Pure."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from datetime import datetime
+from typing import Any
+
+from agora_pg.errors import InvalidJob
+
+INT32_MAX = 2**31 - 1
+MAX_TEXT = 1000  # kind, name, queue and dedup_key are identifiers, not documents
+
+
+@dataclasses.dataclass(frozen=True)
+class JobSpec:
+    """One job to enqueue. ``name`` defaults to ``kind``; ``run_at`` to now;
+    ``max_retries`` to the enqueuing process's ``WORKER_MAX_RETRIES``."""
+
+    kind: str
+    payload: dict[str, Any] = dataclasses.field(default_factory=dict)
+    name: str | None = None
+    queue: str = "default"
+    priority: int = 0
+    run_at: datetime | None = None
+    max_retries: int | None = None
+    dedup_key: str | None = None
+
+    def __post_init__(self) -> None:
+        _identifier("kind", self.kind)
+        if self.name is not None:
+            _identifier("name", self.name, allow_spaces=True)
+        _identifier("queue", self.queue)
+        if self.dedup_key is not None:
+            _identifier("dedup_key", self.dedup_key, allow_spaces=True)
+        if not isinstance(self.payload, dict):
+            raise InvalidJob("payload", f"expected a JSON object (dict), got {type(self.payload).__name__}")
+        _whole_number("priority", self.priority, minimum=-INT32_MAX)
+        if self.max_retries is not None:
+            _whole_number("max_retries", self.max_retries, minimum=0)
+        if self.run_at is not None:
+            if not isinstance(self.run_at, datetime):
+                raise InvalidJob("run_at", f"expected a datetime, got {type(self.run_at).__name__}")
+            if self.run_at.tzinfo is None or self.run_at.utcoffset() is None:
+                raise InvalidJob("run_at", "expected a timezone-aware datetime, got a naive one")
+
+    def payload_json(self) -> str:
+        try:
+            text = json.dumps(self.payload, allow_nan=False, separators=(",", ":"))
+        except (TypeError, ValueError) as error:
+            raise InvalidJob("payload", f"not JSON-serialisable: {error}") from None
+        if "\\u0000" in text:
+            raise InvalidJob("payload", "PostgreSQL cannot store the NUL character (\\u0000) in JSON")
+        return text
+
+    def as_row(self) -> tuple[Any, ...]:
+        """Values in the column order of ``queries.INSERT_JOB``."""
+        return (
+            self.name if self.name is not None else self.kind,
+            self.kind,
+            self.queue,
+            self.payload_json(),
+            self.priority,
+            self.run_at,
+            self.max_retries,
+            self.dedup_key,
+        )
+
+    def with_default_max_retries(self, max_retries: int) -> JobSpec:
+        if self.max_retries is not None:
+            return self
+        return dataclasses.replace(self, max_retries=max_retries)
+
+
+def _identifier(field: str, value: object, *, allow_spaces: bool = False) -> None:
+    if not isinstance(value, str):
+        raise InvalidJob(field, f"expected a string, got {type(value).__name__}")
+    if not value.strip():
+        raise InvalidJob(field, "must not be empty")
+    if len(value) > MAX_TEXT:
+        raise InvalidJob(field, f"longer than {MAX_TEXT} characters")
+    if "\x00" in value:
+        raise InvalidJob(field, "must not contain NUL characters")
+    if not allow_spaces and value != value.strip():
+        raise InvalidJob(field, "must not start or end with whitespace")
+
+
+def _whole_number(field: str, value: object, *, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidJob(field, f"expected a whole number, got {type(value).__name__}")
+    if not minimum <= value <= INT32_MAX:
+        raise InvalidJob(field, f"must be between {minimum} and {INT32_MAX}, got {value}")

@@ -1,0 +1,95 @@
+"""Jobs as values: statuses, the allowed transitions, and the ``Job`` record.
+
+Pure: no I/O. The store applies these rules in SQL; this module states them
+once so that tests and error messages agree with the SQL.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from datetime import datetime
+from typing import Any
+
+from agora_pg.errors import InvalidTransition
+
+
+class JobStatus(str, enum.Enum):
+    """Where a job is in its life. ``failed`` is terminal only once
+    ``retry_count`` has reached ``max_retries``; before that it waits for its
+    next attempt at ``run_at``."""
+
+    PENDING = "pending"
+    PROCESSING = "processing"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class RunStatus(str, enum.Enum):
+    """How one execution attempt (a row of ``agora.runs``) ended."""
+
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    ABANDONED = "abandoned"  # the worker was lost (lease expired)
+    CANCELLED = "cancelled"  # released at shutdown; does not count as an attempt
+
+
+# from -> the statuses it may move to
+ALLOWED_TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
+    JobStatus.PENDING: frozenset({JobStatus.PROCESSING, JobStatus.CANCELLED}),
+    JobStatus.PROCESSING: frozenset({JobStatus.DONE, JobStatus.FAILED, JobStatus.PENDING}),
+    JobStatus.FAILED: frozenset({JobStatus.PROCESSING, JobStatus.PENDING, JobStatus.CANCELLED}),
+    JobStatus.CANCELLED: frozenset({JobStatus.PENDING}),
+    JobStatus.DONE: frozenset(),
+}
+
+
+def check_transition(job_id: int, from_status: JobStatus, to_status: JobStatus) -> None:
+    """Raise ``InvalidTransition`` unless ``from_status -> to_status`` is allowed."""
+    if to_status not in ALLOWED_TRANSITIONS[from_status]:
+        raise InvalidTransition(job_id, from_status.value, to_status.value)
+
+
+def will_retry(retry_count: int, max_retries: int) -> bool:
+    """Whether a failed job with this many failures is claimed again.
+
+    ``retry_count`` counts failed attempts; a job whose count has reached
+    ``max_retries`` is never claimed again (so ``max_retries=3`` allows three
+    failed attempts, and 0 or 1 mean a single attempt).
+    """
+    return retry_count < max_retries
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One row of ``agora.jobs``, as handlers and callers see it."""
+
+    id: int
+    name: str
+    kind: str
+    queue: str
+    status: JobStatus
+    payload: dict[str, Any]
+    priority: int
+    run_at: datetime
+    retry_count: int
+    max_retries: int | None
+    error_message: str | None
+    dedup_key: str | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    locked_by: str | None
+    lease_expires_at: datetime | None
+    attempt: int
+
+    @property
+    def is_finished(self) -> bool:
+        """True once the job will never run again on its own."""
+        if self.status in (JobStatus.DONE, JobStatus.CANCELLED):
+            return True
+        if self.status is JobStatus.FAILED:
+            return self.max_retries is not None and not will_retry(self.retry_count, self.max_retries)
+        return False

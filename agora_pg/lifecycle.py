@@ -1,0 +1,51 @@
+"""Process lifecycle: signals only set events; one function decides what they mean."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Callable, Iterator
+
+log = logging.getLogger("agora_pg")
+
+
+@contextlib.contextmanager
+def shutdown_signals(on_first: Callable[[], None], on_second: Callable[[], None]) -> Iterator[None]:
+    """While active, the first SIGINT/SIGTERM calls ``on_first`` (graceful stop)
+    and any later one calls ``on_second`` (skip the graceful wait)."""
+    loop = asyncio.get_running_loop()
+    received = 0
+
+    def handle(signum: signal.Signals) -> None:
+        nonlocal received
+        received += 1
+        if received == 1:
+            log.info("received %s: finishing running jobs, then stopping", signum.name)
+            on_first()
+        else:
+            log.warning("received %s again: stopping now", signum.name)
+            on_second()
+
+    installed: list[signal.Signals] = []
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(signum, handle, signum)
+            installed.append(signum)
+        except (NotImplementedError, RuntimeError):  # not the main thread, or no signals here
+            pass
+    try:
+        yield
+    finally:
+        for signum in installed:
+            loop.remove_signal_handler(signum)
+
+
+async def wait_for_event(event: asyncio.Event, timeout: float) -> bool:
+    """Wait up to ``timeout`` seconds for ``event``; True if it was set."""
+    try:
+        await asyncio.wait_for(event.wait(), timeout)
+    except TimeoutError:
+        return False
+    return True

@@ -1,0 +1,105 @@
+"""The client side: enqueue, look up and cancel jobs."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import AsyncIterator, Iterable
+from datetime import datetime
+from typing import Any
+
+from agora_pg.db.connect import Database, resolve_database
+from agora_pg.db.store import CallerConnection, Store
+from agora_pg.job_spec import JobSpec
+from agora_pg.jobs import Job
+from agora_pg.settings import Settings, load_settings
+
+
+class Queue:
+    """Enqueue jobs into ``agora.jobs``.
+
+    >>> async with Queue.connect() as queue:          # DATABASE_URL or embedded
+    ...     job = await queue.enqueue("send_email", payload={"to": "a@b.c"})
+    """
+
+    def __init__(self, store: Store, settings: Settings | None = None) -> None:
+        self.store = store
+        self.settings = settings if settings is not None else Settings()
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def connect(
+        cls, database_url: str | None = None, settings: Settings | None = None
+    ) -> AsyncIterator[Queue]:
+        """A queue on ``database_url``, else on the settings' database (from the
+        environment by default), else on the embedded server."""
+        settings = settings if settings is not None else load_settings(os.environ)
+        if database_url is not None:
+            settings = settings.replace(database_url=database_url)
+        async with resolve_database(settings) as database:
+            store = Store.open(database)
+            try:
+                yield cls(store, settings)
+            finally:
+                await store.close()
+
+    @classmethod
+    def from_engine(cls, engine: Any, settings: Settings | None = None) -> Queue:
+        """A queue on an existing SQLAlchemy ``AsyncEngine`` (left open on exit)."""
+        return cls(Store.from_engine(engine), settings)
+
+    @property
+    def database(self) -> Database:
+        return self.store.database
+
+    async def enqueue(
+        self,
+        kind: str,
+        payload: dict[str, Any] | None = None,
+        *,
+        name: str | None = None,
+        queue: str = "default",
+        priority: int = 0,
+        run_at: datetime | None = None,
+        max_retries: int | None = None,
+        dedup_key: str | None = None,
+        connection: CallerConnection | None = None,
+    ) -> Job:
+        """Store one job and return it.
+
+        With ``dedup_key``, a job with that key that is still pending,
+        processing or waiting for a retry is returned instead of a new one.
+        With ``connection`` (asyncpg, or SQLAlchemy ``AsyncConnection`` /
+        ``AsyncSession``), the job commits or rolls back with the caller's
+        transaction.
+        """
+        spec = JobSpec(
+            kind=kind,
+            payload={} if payload is None else payload,
+            name=name,
+            queue=queue,
+            priority=priority,
+            run_at=run_at,
+            max_retries=max_retries,
+            dedup_key=dedup_key,
+        )
+        [(job, _created)] = await self.store.enqueue([self._defaults(spec)], connection)
+        return job
+
+    async def enqueue_many(
+        self, specs: Iterable[JobSpec], *, connection: CallerConnection | None = None
+    ) -> list[Job]:
+        """Store many jobs in one statement; returns them in the order given."""
+        results = await self.store.enqueue([self._defaults(spec) for spec in specs], connection)
+        return [job for job, _created in results]
+
+    async def get(self, job_id: int) -> Job:
+        """The job with this id (``JobNotFound`` otherwise)."""
+        return await self.store.get_job(job_id)
+
+    async def cancel(self, job_id: int) -> Job:
+        """Cancel a job that has not started (``InvalidTransition`` otherwise)."""
+        return await self.store.cancel_job(job_id)
+
+    def _defaults(self, spec: JobSpec) -> JobSpec:
+        return spec.with_default_max_retries(self.settings.max_retries)

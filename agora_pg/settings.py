@@ -1,0 +1,132 @@
+"""Settings read from the environment: pure, strict, nothing cached.
+
+``load_settings(env)`` takes a mapping (usually ``os.environ``) and returns a
+frozen ``Settings``; a malformed value raises ``ConfigError`` naming the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+
+from agora_pg.errors import ConfigError
+
+DEFAULT_DATA_DIR = ".agora-pg"
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Everything a queue client or a worker process is configured with.
+
+    Environment variables (defaults in brackets):
+
+    - ``AGORA_PG_DATABASE_URL`` or ``DATABASE_URL`` [none: embedded server]
+    - ``AGORA_PG_DATA_DIR``: the embedded server's data directory [``.agora-pg``]
+    - ``WORKER_POLL_SECONDS``: poll interval when no notification arrives [1.0]
+    - ``WORKER_MAX_RETRIES``: default ``max_retries`` of a job [3]
+    - ``WORKER_CONCURRENCY``: jobs one worker process runs at once [10]
+    - ``WORKER_LEASE_SECONDS``: how long a claim lives without heartbeat [30]
+    - ``WORKER_QUEUES``: comma-separated queues a worker takes jobs from [default]
+    - ``WORKER_NOTIFICATIONS``: ``on`` to LISTEN for new jobs, ``off`` to poll only [on]
+    - ``WORKER_SHUTDOWN_TIMEOUT``: seconds in-flight jobs get after SIGTERM [30]
+    - ``WORKER_RETRY_BACKOFF_SECONDS``: delay before the first retry [2]
+    - ``WORKER_RETRY_BACKOFF_MAX_SECONDS``: cap of the exponential delay [3600]
+    """
+
+    database_url: str | None = None
+    data_dir: Path = Path(DEFAULT_DATA_DIR)
+    poll_seconds: float = 1.0
+    max_retries: int = 3
+    concurrency: int = 10
+    lease_seconds: float = 30.0
+    queues: tuple[str, ...] = ("default",)
+    notifications: bool = True
+    shutdown_timeout: float = 30.0
+    retry_backoff_seconds: float = 2.0
+    retry_backoff_max_seconds: float = 3600.0
+
+    def __post_init__(self) -> None:
+        _require(self.poll_seconds > 0, "WORKER_POLL_SECONDS", "must be > 0")
+        _require(self.max_retries >= 0, "WORKER_MAX_RETRIES", "must be >= 0")
+        _require(self.concurrency >= 1, "WORKER_CONCURRENCY", "must be >= 1")
+        _require(self.lease_seconds >= 1, "WORKER_LEASE_SECONDS", "must be >= 1")
+        _require(self.shutdown_timeout >= 0, "WORKER_SHUTDOWN_TIMEOUT", "must be >= 0")
+        _require(self.retry_backoff_seconds >= 0, "WORKER_RETRY_BACKOFF_SECONDS", "must be >= 0")
+        _require(self.retry_backoff_max_seconds >= 0, "WORKER_RETRY_BACKOFF_MAX_SECONDS", "must be >= 0")
+        _require(bool(self.queues), "WORKER_QUEUES", "must name at least one queue")
+        for queue in self.queues:
+            _require(bool(queue) and queue == queue.strip(), "WORKER_QUEUES", f"bad queue name {queue!r}")
+
+    def replace(self, **changes: object) -> Settings:
+        """Return a copy with some fields changed (and validated again)."""
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+
+def load_settings(env: Mapping[str, str]) -> Settings:
+    """Build ``Settings`` from environment variables; see ``Settings`` for the names."""
+    url = env.get("AGORA_PG_DATABASE_URL") or env.get("DATABASE_URL") or None
+    defaults = Settings()
+    return Settings(
+        database_url=url,
+        data_dir=Path(env.get("AGORA_PG_DATA_DIR") or DEFAULT_DATA_DIR),
+        poll_seconds=_float(env, "WORKER_POLL_SECONDS", defaults.poll_seconds),
+        max_retries=_int(env, "WORKER_MAX_RETRIES", defaults.max_retries),
+        concurrency=_int(env, "WORKER_CONCURRENCY", defaults.concurrency),
+        lease_seconds=_float(env, "WORKER_LEASE_SECONDS", defaults.lease_seconds),
+        queues=parse_queues(env.get("WORKER_QUEUES", "default"), key="WORKER_QUEUES"),
+        notifications=_bool(env, "WORKER_NOTIFICATIONS", defaults.notifications),
+        shutdown_timeout=_float(env, "WORKER_SHUTDOWN_TIMEOUT", defaults.shutdown_timeout),
+        retry_backoff_seconds=_float(env, "WORKER_RETRY_BACKOFF_SECONDS", defaults.retry_backoff_seconds),
+        retry_backoff_max_seconds=_float(
+            env, "WORKER_RETRY_BACKOFF_MAX_SECONDS", defaults.retry_backoff_max_seconds
+        ),
+    )
+
+
+def parse_queues(text: str, *, key: str) -> tuple[str, ...]:
+    """Split ``"a, b"`` into ``("a", "b")``; an empty list is an error."""
+    queues = tuple(part.strip() for part in text.split(",") if part.strip())
+    if not queues:
+        raise ConfigError(key, f"expected comma-separated queue names, got {text!r}")
+    return queues
+
+
+def _require(condition: bool, key: str, problem: str) -> None:
+    if not condition:
+        raise ConfigError(key, problem)
+
+
+def _float(env: Mapping[str, str], key: str, default: float) -> float:
+    raw = env.get(key)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigError(key, f"expected a number, got {raw!r}") from None
+
+
+def _int(env: Mapping[str, str], key: str, default: int) -> int:
+    raw = env.get(key)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(key, f"expected a whole number, got {raw!r}") from None
+
+
+def _bool(env: Mapping[str, str], key: str, default: bool) -> bool:
+    raw = env.get(key)
+    if raw is None or raw.strip() == "":
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ConfigError(key, f"expected on or off, got {raw!r}")

@@ -1,0 +1,32 @@
+"""Takes back jobs whose worker went silent (its lease expired)."""
+
+from __future__ import annotations
+
+import logging
+
+from agora_pg.db.store import Store
+
+log = logging.getLogger("agora_pg.worker")
+
+STALE_WORKER_SECONDS = 7 * 24 * 3600  # forget worker rows silent for a week
+BATCH = 1000
+
+
+class JobRescuer:
+    """``run_once()`` rescues every expired lease and returns the job ids."""
+
+    def __init__(self, store: Store, default_max_retries: int) -> None:
+        self._store = store
+        self._default_max_retries = default_max_retries
+
+    async def run_once(self) -> list[int]:
+        rescued: list[int] = []
+        while True:
+            batch = await self._store.rescue_expired(self._default_max_retries, BATCH)
+            rescued.extend(batch)
+            if len(batch) < BATCH:
+                break
+        if rescued:
+            log.warning("rescued %d job(s) from lost workers: %s", len(rescued), rescued[:20])
+        await self._store.delete_stale_workers(STALE_WORKER_SECONDS)
+        return rescued

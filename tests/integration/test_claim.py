@@ -1,0 +1,95 @@
+"""Claiming: due jobs only, by priority, SKIP LOCKED, queues, cancel, the claim index."""
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from agora_pg import InvalidTransition, JobNotFound, JobSpec, JobStatus, Queue
+from agora_pg.db import queries
+from agora_pg.db.store import Store
+
+
+async def test_claims_by_priority_then_run_at(queue: Queue, store: Store) -> None:
+    past = datetime.now(UTC) - timedelta(minutes=5)
+    low = await queue.enqueue("k", priority=0, run_at=past)
+    high_late = await queue.enqueue("k", priority=5)
+    high_early = await queue.enqueue("k", priority=5, run_at=past)
+    claimed = await store.claim_jobs(["default"], 10, "w", 30)
+    assert [job.id for job in claimed] == [high_early.id, high_late.id, low.id]
+    assert all(job.status is JobStatus.PROCESSING and job.locked_by == "w" for job in claimed)
+    assert all(job.attempt == 1 and job.lease_expires_at is not None for job in claimed)
+
+
+async def test_future_jobs_wait_for_run_at(queue: Queue, store: Store) -> None:
+    await queue.enqueue("k", run_at=datetime.now(UTC) + timedelta(hours=1))
+    assert await store.claim_jobs(["default"], 10, "w", 30) == []
+    async with store.connection() as connection:
+        await connection.execute("UPDATE agora.jobs SET run_at = now() - interval '1 second'")
+    assert len(await store.claim_jobs(["default"], 10, "w", 30)) == 1
+
+
+async def test_claims_only_the_queues_asked_for(queue: Queue, store: Store) -> None:
+    await queue.enqueue("k", queue="mail")
+    await queue.enqueue("k", queue="reports")
+    assert [job.queue for job in await store.claim_jobs(["mail"], 10, "w", 30)] == ["mail"]
+    assert [job.queue for job in await store.claim_jobs(["mail", "reports"], 10, "w", 30)] == ["reports"]
+
+
+async def test_claim_respects_the_limit(queue: Queue, store: Store) -> None:
+    await queue.enqueue_many([JobSpec("k") for _ in range(5)])
+    assert len(await store.claim_jobs(["default"], 3, "w", 30)) == 3
+    assert len(await store.claim_jobs(["default"], 3, "w", 30)) == 2
+
+
+async def test_concurrent_claims_never_share_a_job(queue: Queue, store: Store) -> None:
+    await queue.enqueue_many([JobSpec("k") for _ in range(300)])
+    stores = [Store.open(store.database) for _ in range(6)]
+    try:
+        async def drain(own: Store, worker: str) -> list[int]:
+            ids: list[int] = []
+            while batch := await own.claim_jobs(["default"], 7, worker, 30):
+                ids += [job.id for job in batch]
+            return ids
+
+        results = await asyncio.gather(*(drain(s, f"w{i}") for i, s in enumerate(stores)))
+    finally:
+        await asyncio.gather(*(s.close() for s in stores))
+    claimed = [job_id for ids in results for job_id in ids]
+    assert len(claimed) == 300 == len(set(claimed))
+
+
+async def test_cancel_a_pending_job(queue: Queue, store: Store) -> None:
+    job = await queue.enqueue("k")
+    cancelled = await queue.cancel(job.id)
+    assert cancelled.status is JobStatus.CANCELLED and cancelled.finished_at is not None
+    assert await store.claim_jobs(["default"], 10, "w", 30) == []
+
+
+async def test_cancel_refuses_running_and_finished_jobs(queue: Queue, store: Store) -> None:
+    job = await queue.enqueue("k")
+    await store.claim_jobs(["default"], 1, "w", 30)
+    with pytest.raises(InvalidTransition) as caught:
+        await queue.cancel(job.id)
+    assert (caught.value.from_status, caught.value.to_status) == ("processing", "cancelled")
+    with pytest.raises(JobNotFound):
+        await queue.cancel(999_999)
+
+
+async def test_claim_query_uses_the_partial_index(queue: Queue, store: Store) -> None:
+    async with store.connection() as connection:
+        await connection.execute(
+            """
+            INSERT INTO agora.jobs (name, kind, status, finished_at)
+            SELECT 'old', 'k', 'done', now() FROM generate_series(1, 20000)
+            """
+        )
+        await connection.execute(
+            "INSERT INTO agora.jobs (name, kind) SELECT 'new', 'k' FROM generate_series(1, 200)"
+        )
+        await connection.execute("ANALYZE agora.jobs")
+        await connection.execute(f"PREPARE claim(text[], int, text, float8) AS {queries.CLAIM_JOBS}")
+        rows = await connection.fetch("EXPLAIN EXECUTE claim(ARRAY['default'], 10, 'w', 30)")
+        plan = "\n".join(row[0] for row in rows)
+    assert "jobs_claimable_idx" in plan, plan
+    assert "Seq Scan" not in plan, plan

@@ -1,0 +1,257 @@
+"""The worker against a real database, in this process."""
+
+import asyncio
+import contextlib
+import random
+import threading
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from agora_pg import Job, JobStatus, Queue, Retry, SchemaNotReady, Settings, Worker
+from agora_pg.db.store import Store
+from agora_pg.retry import BackoffPolicy
+from agora_pg.worker.completer import Completer, Outcome
+from agora_pg.worker.job_rescuer import JobRescuer
+
+from .helpers import running, wait_until
+
+
+async def job_status(store: Store, job_id: int) -> JobStatus:
+    return (await store.get_job(job_id)).status
+
+
+async def runs_of(store: Store, job_id: int) -> list[tuple[int, str, str | None]]:
+    async with store.connection() as connection:
+        rows = await connection.fetch(
+            "SELECT attempt, status, error_message FROM agora.runs WHERE job_id = $1 ORDER BY attempt", job_id
+        )
+    return [tuple(row) for row in rows]  # type: ignore[misc]
+
+
+async def test_worker_runs_a_job_to_done_with_resources(queue: Queue, store: Store, settings: Settings) -> None:
+    seen: list[tuple[int, Any]] = []
+
+    async def record(job: Job, resources: Any) -> None:
+        seen.append((job.id, resources["client"]))
+
+    @contextlib.asynccontextmanager
+    async def lifespan() -> AsyncIterator[dict[str, str]]:
+        yield {"client": "opened once"}
+
+    job = await queue.enqueue("record", {"x": 1})
+    async with running(Worker({"record": record}, lifespan=lifespan, settings=settings)):
+        await wait_until(lambda: _is(store, job.id, JobStatus.DONE))
+    done = await store.get_job(job.id)
+    assert seen == [(job.id, "opened once")]
+    assert (done.retry_count, done.error_message, done.locked_by, done.lease_expires_at) == (0, None, None, None)
+    assert done.finished_at is not None and done.started_at is not None
+    assert await runs_of(store, job.id) == [(1, "succeeded", None)]
+
+
+async def _is(store: Store, job_id: int, status: JobStatus) -> bool:
+    return await job_status(store, job_id) is status
+
+
+async def test_retries_to_exhaustion_step_by_step(queue: Queue, store: Store) -> None:
+    completer = Completer(store, "w", 3, BackoffPolicy(base_seconds=10, jitter=0), random.Random(0))
+    job = await queue.enqueue("k", max_retries=3)
+    for failure in (1, 2, 3):
+        [claimed] = await store.claim_jobs(["default"], 1, "w", 30)
+        assert claimed.id == job.id and claimed.attempt == failure
+        completer.add(Outcome(claimed, ValueError(f"bad input #{failure}")))
+        before = datetime.now(UTC)
+        await completer.flush_once()
+        after = await store.get_job(job.id)
+        assert after.status is JobStatus.FAILED
+        assert after.retry_count == failure
+        assert after.error_message == f"ValueError: bad input #{failure}"
+        assert after.locked_by is None
+        if failure < 3:
+            expected_delay = 10 * 2 ** (failure - 1)
+            assert after.run_at >= before + timedelta(seconds=expected_delay - 1)
+            assert await store.claim_jobs(["default"], 1, "w", 30) == []  # not before its backoff
+            async with store.connection() as connection:
+                await connection.execute("UPDATE agora.jobs SET run_at = now() WHERE id = $1", job.id)
+    async with store.connection() as connection:
+        await connection.execute("UPDATE agora.jobs SET run_at = now() WHERE id = $1", job.id)
+    assert await store.claim_jobs(["default"], 1, "w", 30) == []  # at max_retries: never again
+    assert await runs_of(store, job.id) == [
+        (1, "failed", "ValueError: bad input #1"),
+        (2, "failed", "ValueError: bad input #2"),
+        (3, "failed", "ValueError: bad input #3"),
+    ]
+
+
+async def test_worker_retries_a_failing_job_until_max_retries(queue: Queue, store: Store, settings: Settings) -> None:
+    async def flaky(job: Job, resources: Any) -> None:
+        raise ValueError(f"attempt {job.attempt} failed")
+
+    job = await queue.enqueue("flaky", max_retries=2)
+    async with running(Worker({"flaky": flaky}, settings=settings)):
+        await wait_until(lambda: _retry_count_is(store, job.id, 2))
+    final = await store.get_job(job.id)
+    assert (final.status, final.retry_count, final.error_message) == (
+        JobStatus.FAILED, 2, "ValueError: attempt 2 failed",
+    )
+    assert [run[1] for run in await runs_of(store, job.id)] == ["failed", "failed"]
+
+
+async def _retry_count_is(store: Store, job_id: int, count: int) -> bool:
+    job = await store.get_job(job_id)
+    return job.retry_count == count and job.status is JobStatus.FAILED
+
+
+async def test_null_max_retries_takes_the_worker_setting(store: Store, settings: Settings) -> None:
+    async with store.connection() as connection:
+        job_id = await connection.fetchval(
+            "INSERT INTO agora.jobs (name, kind) VALUES ('plain insert', 'boom') RETURNING id"
+        )
+
+    def boom(job: Job, resources: Any) -> None:
+        raise RuntimeError("no")
+
+    async with running(Worker({"boom": boom}, settings=settings.replace(max_retries=1))):
+        await wait_until(lambda: _retry_count_is(store, job_id, 1))
+    final = await store.get_job(job_id)
+    assert (final.max_retries, final.status) == (1, JobStatus.FAILED)
+
+
+async def test_handler_chosen_retry_delay(queue: Queue, store: Store, settings: Settings) -> None:
+    async def later(job: Job, resources: Any) -> None:
+        raise Retry(3600, "rate limited")
+
+    job = await queue.enqueue("later")
+    async with running(Worker({"later": later}, settings=settings)):
+        await wait_until(lambda: _retry_count_is(store, job.id, 1))
+    final = await store.get_job(job.id)
+    assert final.error_message == "Retry: rate limited"
+    assert final.run_at > datetime.now(UTC) + timedelta(minutes=59)
+
+
+async def test_unknown_kind_fails_with_a_clear_message(queue: Queue, store: Store, settings: Settings) -> None:
+    job = await queue.enqueue("nobody_handles_this", max_retries=1)
+    async with running(Worker({"other": lambda job, resources: None}, settings=settings)):
+        await wait_until(lambda: _retry_count_is(store, job.id, 1))
+    assert (await store.get_job(job.id)).error_message == (
+        "UnknownJobKind: no handler registered for kind 'nobody_handles_this' (this worker handles: other)"
+    )
+
+
+async def test_sync_handlers_run_in_a_thread(queue: Queue, store: Store, settings: Settings) -> None:
+    threads: list[str] = []
+
+    def blocking(job: Job, resources: Any) -> None:
+        threads.append(threading.current_thread().name)
+
+    job = await queue.enqueue("blocking")
+    async with running(Worker({"blocking": blocking}, settings=settings)):
+        await wait_until(lambda: _is(store, job.id, JobStatus.DONE))
+    assert threads and threads[0] != threading.main_thread().name
+
+
+async def _listening(store: Store) -> bool:
+    async with store.connection() as connection:
+        return bool(
+            await connection.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND query LIKE 'LISTEN %agora_jobs%'"
+            )
+        )
+
+
+async def test_notification_wakes_an_idle_worker_at_once(queue: Queue, store: Store, settings: Settings) -> None:
+    started = asyncio.Event()
+
+    async def mark(job: Job, resources: Any) -> None:
+        started.set()
+
+    async with running(Worker({"mark": mark}, settings=settings.replace(poll_seconds=60))):
+        await wait_until(lambda: _listening(store))
+        await asyncio.sleep(0.2)  # let the first empty claims pass
+        await queue.enqueue("mark")
+        await asyncio.wait_for(started.wait(), 5)  # far below the 60 s poll
+
+
+async def test_without_notifications_polling_alone_runs_jobs(queue: Queue, store: Store, settings: Settings) -> None:
+    async def noop(job: Job, resources: Any) -> None:
+        return None
+
+    async with running(Worker({"noop": noop}, settings=settings.replace(notifications=False, poll_seconds=0.2))):
+        await asyncio.sleep(0.3)
+        jobs = [await queue.enqueue("noop") for _ in range(5)]
+        for job in jobs:
+            await wait_until(lambda job=job: _is(store, job.id, JobStatus.DONE))
+        assert not await _listening(store)
+
+
+async def test_graceful_stop_lets_a_running_job_finish(queue: Queue, store: Store, settings: Settings) -> None:
+    async def slow(job: Job, resources: Any) -> None:
+        await asyncio.sleep(1.0)
+
+    job = await queue.enqueue("slow")
+    worker = Worker({"slow": slow}, settings=settings)
+    async with running(worker):
+        await wait_until(lambda: _is(store, job.id, JobStatus.PROCESSING))
+        worker.stop()
+    assert await job_status(store, job.id) is JobStatus.DONE
+
+
+async def test_jobs_past_the_grace_period_are_released_uncounted(
+    queue: Queue, store: Store, settings: Settings
+) -> None:
+    async def stuck(job: Job, resources: Any) -> None:
+        await asyncio.sleep(60)
+
+    job = await queue.enqueue("stuck")
+    worker = Worker({"stuck": stuck}, settings=settings.replace(shutdown_timeout=0.3))
+    async with running(worker, stop_timeout=10):
+        await wait_until(lambda: _is(store, job.id, JobStatus.PROCESSING))
+    released = await store.get_job(job.id)
+    assert (released.status, released.retry_count, released.locked_by) == (JobStatus.PENDING, 0, None)
+    assert [run[:2] for run in await runs_of(store, job.id)] == [(1, "cancelled")]
+    async with store.connection() as connection:
+        assert await connection.fetchval("SELECT stopped_at IS NOT NULL FROM agora.workers WHERE id = $1", worker.id)
+
+
+async def test_lost_worker_job_is_rescued_and_its_late_outcome_is_fenced(queue: Queue, store: Store) -> None:
+    job = await queue.enqueue("k")
+    [ghost_claim] = await store.claim_jobs(["default"], 1, "ghost", 30)
+    rescuer = JobRescuer(store, default_max_retries=3)
+    assert await rescuer.run_once() == []  # lease still valid
+    async with store.connection() as connection:
+        await connection.execute("UPDATE agora.jobs SET lease_expires_at = now() - interval '1 second'")
+    assert await rescuer.run_once() == [job.id]
+    rescued = await store.get_job(job.id)
+    assert (rescued.status, rescued.retry_count) == (JobStatus.FAILED, 1)
+    assert rescued.error_message is not None and rescued.error_message.startswith("WorkerLost: worker ghost")
+    assert await runs_of(store, job.id) == [(1, "abandoned", rescued.error_message)]
+
+    [second_claim] = await store.claim_jobs(["default"], 1, "alive", 30)
+    assert second_claim.attempt == 2
+    # the ghost wakes up: its heartbeat and its completion must change nothing
+    await store.heartbeat("ghost", 9999)
+    assert await store.complete_succeeded([(ghost_claim.id, ghost_claim.attempt)], "ghost") == set()
+    current = await store.get_job(job.id)
+    assert (current.status, current.locked_by, current.attempt) == (JobStatus.PROCESSING, "alive", 2)
+    assert current.lease_expires_at == second_claim.lease_expires_at
+    assert await store.complete_succeeded([(second_claim.id, second_claim.attempt)], "alive") == {job.id}
+    assert await job_status(store, job.id) is JobStatus.DONE
+
+
+async def test_running_worker_rescues_jobs_of_a_dead_worker(queue: Queue, store: Store, settings: Settings) -> None:
+    async def noop(job: Job, resources: Any) -> None:
+        return None
+
+    job = await queue.enqueue("noop")
+    await store.claim_jobs(["default"], 1, "dead-worker", 1)  # a one-second lease nobody renews
+    async with running(Worker({"noop": noop}, settings=settings.replace(lease_seconds=2))):
+        await wait_until(lambda: _is(store, job.id, JobStatus.DONE), timeout=15)
+    assert [run[1] for run in await runs_of(store, job.id)] == ["abandoned", "succeeded"]
+
+
+async def test_worker_refuses_an_unmigrated_database(fresh_db: str) -> None:
+    with pytest.raises(SchemaNotReady, match="run `agora-pg migrate` first"):
+        await Worker({}, settings=Settings(database_url=fresh_db)).run(handle_signals=False)

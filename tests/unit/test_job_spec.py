@@ -1,0 +1,53 @@
+from datetime import UTC, datetime
+
+import pytest
+
+from agora_pg.errors import InvalidJob
+from agora_pg.job_spec import JobSpec
+
+
+def test_row_defaults_name_to_kind_and_serialises_payload() -> None:
+    row = JobSpec("send_email", {"to": "a@b.c"}).as_row()
+    assert row == ("send_email", "send_email", "default", '{"to":"a@b.c"}', 0, None, None, None)
+
+
+def test_default_max_retries_applies_only_when_unset() -> None:
+    assert JobSpec("k").with_default_max_retries(5).max_retries == 5
+    assert JobSpec("k", max_retries=1).with_default_max_retries(5).max_retries == 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field", "message"),
+    [
+        ({"kind": ""}, "kind", "must not be empty"),
+        ({"kind": " padded "}, "kind", "whitespace"),
+        ({"kind": 5}, "kind", "expected a string"),
+        ({"kind": "k", "payload": [1, 2]}, "payload", "expected a JSON object"),
+        ({"kind": "k", "queue": ""}, "queue", "must not be empty"),
+        ({"kind": "k", "priority": 1.5}, "priority", "whole number"),
+        ({"kind": "k", "priority": 2**40}, "priority", "must be between"),
+        ({"kind": "k", "max_retries": -1}, "max_retries", "must be between 0"),
+        ({"kind": "k", "max_retries": True}, "max_retries", "whole number"),
+        ({"kind": "k", "run_at": datetime(2030, 1, 1)}, "run_at", "naive"),
+        ({"kind": "k", "run_at": "2030-01-01"}, "run_at", "expected a datetime"),
+        ({"kind": "k", "dedup_key": ""}, "dedup_key", "must not be empty"),
+        ({"kind": "k\x00"}, "kind", "NUL"),
+    ],
+)
+def test_invalid_specs_name_the_field(kwargs: dict, field: str, message: str) -> None:
+    with pytest.raises(InvalidJob) as caught:
+        JobSpec(**kwargs)
+    assert caught.value.field == field
+    assert message in str(caught.value)
+
+
+@pytest.mark.parametrize("payload", [{"x": object()}, {"x": float("nan")}, {"x": "a\x00b"}])
+def test_payloads_postgres_cannot_store_are_rejected(payload: dict) -> None:
+    with pytest.raises(InvalidJob) as caught:
+        JobSpec("k", payload).as_row()
+    assert caught.value.field == "payload"
+
+
+def test_aware_run_at_is_accepted() -> None:
+    when = datetime(2030, 1, 1, tzinfo=UTC)
+    assert JobSpec("k", run_at=when).as_row()[5] == when

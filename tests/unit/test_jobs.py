@@ -1,0 +1,67 @@
+from datetime import UTC, datetime
+
+import pytest
+
+from agora_pg.errors import InvalidTransition
+from agora_pg.jobs import ALLOWED_TRANSITIONS, Job, JobStatus, check_transition, will_retry
+
+
+def make_job(status: JobStatus, retry_count: int = 0, max_retries: int | None = 3) -> Job:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    return Job(
+        id=1, name="n", kind="k", queue="default", status=status, payload={}, priority=0, run_at=now,
+        retry_count=retry_count, max_retries=max_retries, error_message=None, dedup_key=None,
+        created_at=now, started_at=None, finished_at=None, locked_by=None, lease_expires_at=None, attempt=0,
+    )
+
+
+def test_every_status_has_a_transition_entry() -> None:
+    assert set(ALLOWED_TRANSITIONS) == set(JobStatus)
+
+
+@pytest.mark.parametrize(
+    ("from_status", "to_status"),
+    [
+        (JobStatus.PENDING, JobStatus.PROCESSING),
+        (JobStatus.PENDING, JobStatus.CANCELLED),
+        (JobStatus.PROCESSING, JobStatus.DONE),
+        (JobStatus.PROCESSING, JobStatus.FAILED),
+        (JobStatus.PROCESSING, JobStatus.PENDING),
+        (JobStatus.FAILED, JobStatus.PROCESSING),
+        (JobStatus.CANCELLED, JobStatus.PENDING),
+    ],
+)
+def test_allowed_transitions_pass(from_status: JobStatus, to_status: JobStatus) -> None:
+    check_transition(1, from_status, to_status)
+
+
+@pytest.mark.parametrize(
+    ("from_status", "to_status"),
+    [
+        (JobStatus.DONE, JobStatus.PENDING),
+        (JobStatus.DONE, JobStatus.CANCELLED),
+        (JobStatus.PROCESSING, JobStatus.CANCELLED),
+        (JobStatus.CANCELLED, JobStatus.PROCESSING),
+        (JobStatus.PENDING, JobStatus.DONE),
+    ],
+)
+def test_forbidden_transitions_raise_with_data(from_status: JobStatus, to_status: JobStatus) -> None:
+    with pytest.raises(InvalidTransition) as caught:
+        check_transition(7, from_status, to_status)
+    assert (caught.value.job_id, caught.value.from_status, caught.value.to_status) == (
+        7, from_status.value, to_status.value,
+    )
+
+
+@pytest.mark.parametrize(("retry_count", "max_retries", "expected"), [(0, 3, True), (2, 3, True), (3, 3, False), (0, 0, False)])
+def test_will_retry_until_retry_count_reaches_max(retry_count: int, max_retries: int, expected: bool) -> None:
+    assert will_retry(retry_count, max_retries) is expected
+
+
+def test_is_finished() -> None:
+    assert make_job(JobStatus.DONE).is_finished
+    assert make_job(JobStatus.CANCELLED).is_finished
+    assert make_job(JobStatus.FAILED, retry_count=3, max_retries=3).is_finished
+    assert not make_job(JobStatus.FAILED, retry_count=1, max_retries=3).is_finished
+    assert not make_job(JobStatus.PENDING).is_finished
+    assert not make_job(JobStatus.PROCESSING).is_finished
