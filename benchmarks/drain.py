@@ -1,0 +1,119 @@
+"""Drain benchmark: N pre-enqueued no-op jobs, one `agora-pg worker` process.
+
+    python -m benchmarks.drain [--jobs 10000] [--concurrency 10 100 500] [--database-url URL]
+
+Creates a scratch database on the server (AGORA_PG_DATABASE_URL / DATABASE_URL
+or --database-url; the embedded server in .agora-pg otherwise), migrates it,
+enqueues the jobs in batches, starts one worker process per concurrency
+setting and waits until every job is done. The rate is jobs divided by the
+time from the first to the last completion recorded in agora.runs. The
+database is dropped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+
+from agora_pg.db import migrate
+from agora_pg.db.connect import Database, resolve_database
+from agora_pg.db.store import Store
+from agora_pg.job_spec import JobSpec
+from agora_pg.settings import load_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def database_named(server: Database, name: str) -> Database:
+    parts = urlsplit(server.asyncpg_url)
+    return Database(urlunsplit(parts._replace(path=f"/{name}")))
+
+
+async def enqueue(store: Store, jobs: int) -> float:
+    started = time.perf_counter()
+    for offset in range(0, jobs, 5000):
+        await store.enqueue([JobSpec("noop", {"i": i}) for i in range(offset, min(jobs, offset + 5000))])
+    return time.perf_counter() - started
+
+
+async def drain_once(server: Database, jobs: int, concurrency: int) -> dict[str, float]:
+    name = f"agora_bench_{uuid.uuid4().hex[:8]}"
+    admin = await asyncpg.connect(server.asyncpg_url)
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    database = database_named(server, name)
+    store = Store.open(database)
+    process: subprocess.Popen[bytes] | None = None
+    try:
+        await migrate.upgrade(store)
+        enqueue_seconds = await enqueue(store, jobs)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("WORKER_", "AGORA_PG_"))}
+        env.update(AGORA_PG_DATABASE_URL=database.url, AGORA_PG_LOG_LEVEL="WARNING")
+        started = time.perf_counter()
+        process = subprocess.Popen(
+            [sys.executable, "-m", "agora_pg.cli", "worker", "--module", "benchmarks.noop_worker",
+             "--concurrency", str(concurrency)],
+            cwd=ROOT, env=env,
+        )
+        async with store.connection() as connection:
+            while await connection.fetchval("SELECT count(*) FROM agora.jobs WHERE status = 'done'") < jobs:
+                if process.poll() is not None:
+                    raise RuntimeError(f"worker exited with {process.returncode}")
+                if time.perf_counter() - started > 600:
+                    raise RuntimeError("drain did not finish within 600 s")
+                await asyncio.sleep(0.05)
+            wall = time.perf_counter() - started
+            span = await connection.fetchval(
+                "SELECT extract(epoch FROM max(finished_at) - min(finished_at)) FROM agora.runs"
+            )
+        return {
+            "enqueue_per_s": jobs / enqueue_seconds,
+            "drain_per_s": jobs / float(span),
+            "wall_s": wall,
+        }
+    finally:
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=60)
+        await store.close()
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[10, 100, 500])
+    parser.add_argument("--database-url")
+    args = parser.parse_args()
+    settings = load_settings(os.environ)
+    if args.database_url:
+        settings = settings.replace(database_url=args.database_url)
+    async with resolve_database(settings) as server:
+        admin = await asyncpg.connect(server.asyncpg_url)
+        version = await admin.fetchval("SHOW server_version")
+        sync_commit = await admin.fetchval("SHOW synchronous_commit")
+        await admin.close()
+        print(f"PostgreSQL {version} (synchronous_commit={sync_commit}) at {server.display_url}; {os.cpu_count()} cores")
+        print("| jobs | concurrency | drain jobs/s (first to last completion) | wall s (incl. start-up) | batch enqueue jobs/s |")
+        print("|---:|---:|---:|---:|---:|")
+        for concurrency in args.concurrency:
+            result = await drain_once(server, args.jobs, concurrency)
+            print(
+                f"| {args.jobs} | {concurrency} | {result['drain_per_s']:,.0f} | {result['wall_s']:.2f} "
+                f"| {result['enqueue_per_s']:,.0f} |",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

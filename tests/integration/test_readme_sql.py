@@ -1,0 +1,35 @@
+"""The queries of the README's "Querying run history with SQL" section run and answer."""
+
+import re
+from pathlib import Path
+
+from agora_pg import JobSpec, Queue
+from agora_pg.db.store import Store
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def readme_queries() -> list[str]:
+    text = README.read_text()
+    section = text.split("## Querying run history with SQL", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```sql\n(.*?)```", section, flags=re.DOTALL)
+
+
+async def test_readme_history_queries_run_on_real_history(queue: Queue, store: Store) -> None:
+    queries = readme_queries()
+    assert len(queries) >= 4
+    jobs = await queue.enqueue_many([JobSpec("mail"), JobSpec("mail"), JobSpec("report")])
+    await store.register_worker("w1", "host", 1, ["default"])
+    claimed = await store.claim_jobs(["default"], 3, "w1", 30)
+    await store.complete_succeeded([(claimed[0].id, claimed[0].attempt)], "w1")
+    await store.complete_failed([(claimed[1].id, claimed[1].attempt, "ValueError", "ValueError: x", 0.0)], "w1", 3)
+    async with store.connection() as connection:
+        results = [await connection.fetch(sql) for sql in queries]
+    failure_rate, slowest, stuck, worker_runs, overview = results[:5]
+    assert sum(row["attempts"] for row in failure_rate) == 2
+    assert sum(row["failed"] for row in failure_rate) == 1
+    assert [row["runs"] for row in slowest] == [1]
+    assert stuck == []  # the third job is processing but young and leased
+    assert {row["job_id"] for row in worker_runs} == {claimed[0].id, claimed[1].id}
+    assert sum(row["jobs"] for row in overview) == 2  # one processing, one failed and retrying
+    assert len(jobs) == 3
