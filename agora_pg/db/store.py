@@ -12,7 +12,7 @@ import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeAlias, cast
 
 import asyncpg
 import asyncpg.pool
@@ -31,7 +31,7 @@ log = logging.getLogger("agora_pg.store")
 NOTIFY_CHANNEL = "agora_jobs"
 
 # What a caller may pass so that an enqueue joins its own transaction.
-CallerConnection = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy | AsyncConnection | AsyncSession
+CallerConnection: TypeAlias = "asyncpg.Connection | asyncpg.pool.PoolConnectionProxy | AsyncConnection | AsyncSession"
 
 _CONNECTION_ERRORS = (
     OSError,
@@ -115,7 +115,7 @@ class Store:
         ``DatabaseUnavailable`` and the broken connection is discarded."""
         async with self._sa_connection() as sa_connection:
             raw = await sa_connection.get_raw_connection()
-            yield raw.driver_connection  # type: ignore[misc]
+            yield raw.driver_connection
 
     async def run_sync_in_transaction(self, function: Callable[[SyncConnection], None]) -> None:
         """Run ``function(connection)`` (synchronous SQLAlchemy code such as
@@ -130,7 +130,7 @@ class Store:
 
     async def _fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
         async with self.connection() as connection:
-            return await connection.fetch(sql, *args)
+            return cast(list[asyncpg.Record], await connection.fetch(sql, *args))
 
     # -- schema -----------------------------------------------------------------
 
@@ -283,12 +283,17 @@ Fetch = Callable[..., Awaitable[Sequence[Mapping[str, Any]]]]
 def _caller_fetch(connection: CallerConnection) -> Fetch:
     """A ``fetch(sql, *args)`` that runs inside the caller's transaction."""
     if isinstance(connection, asyncpg.Connection | asyncpg.pool.PoolConnectionProxy):
-        return connection.fetch
+        return cast(Fetch, connection.fetch)
     if isinstance(connection, AsyncSession | AsyncConnection):
+        sqlalchemy_connection = connection
+
         async def fetch(sql: str, *args: Any) -> Sequence[Mapping[str, Any]]:
-            sa_connection = await connection.connection() if isinstance(connection, AsyncSession) else connection
-            result = await sa_connection.exec_driver_sql(sql, args)
-            return result.mappings().all()
+            if isinstance(sqlalchemy_connection, AsyncSession):
+                target = await sqlalchemy_connection.connection()
+            else:
+                target = sqlalchemy_connection
+            result = await target.exec_driver_sql(sql, args)
+            return cast(Sequence[Mapping[str, Any]], result.mappings().all())
 
         return fetch
     raise TypeError(

