@@ -91,28 +91,26 @@ def template_db(pg_server: Server) -> Iterator[str]:
         janitor.drop()
 
 
-@pytest.fixture
-def fresh_db(pg_server: Server) -> Iterator[str]:
-    """An empty database (no schema): for migration and CLI tests."""
+def _own_database(pg_server: Server, template: str | None) -> Iterator[str]:
     name = f"agora_test_{uuid.uuid4().hex[:10]}"
-    janitor = pg_server.janitor(name)
+    janitor = pg_server.janitor(name, template=template)
     janitor.init()
     try:
         yield pg_server.url(name)
     finally:
         janitor.drop()
+
+
+@pytest.fixture
+def fresh_db(pg_server: Server) -> Iterator[str]:
+    """An empty database (no schema): for migration and CLI tests."""
+    yield from _own_database(pg_server, None)
 
 
 @pytest.fixture
 def database_url(pg_server: Server, template_db: str) -> Iterator[str]:
     """A migrated database of this test's own."""
-    name = f"agora_test_{uuid.uuid4().hex[:10]}"
-    janitor = pg_server.janitor(name, template=template_db)
-    janitor.init()
-    try:
-        yield pg_server.url(name)
-    finally:
-        janitor.drop()
+    yield from _own_database(pg_server, template_db)
 
 
 @pytest.fixture

@@ -33,7 +33,24 @@ from agora_pg.worker.job_rescuer import JobRescuer
 log = logging.getLogger("agora_pg.worker")
 
 Lifespan = Callable[[], AbstractAsyncContextManager[Any]]
-MAX_ERROR_WAIT = 10.0  # longest pause between retries of a failing database call
+
+
+class ErrorWait:
+    """A pause between retries of a failing database call that doubles up to 10 s."""
+
+    MAX_SECONDS = 10.0
+
+    def __init__(self, first_seconds: float) -> None:
+        self._first = first_seconds
+        self._current = first_seconds
+
+    def next(self) -> float:
+        wait = self._current
+        self._current = min(self._current * 2, self.MAX_SECONDS)
+        return wait
+
+    def reset(self) -> None:
+        self._current = self._first
 
 
 def new_worker_id() -> str:
@@ -44,6 +61,7 @@ def new_worker_id() -> str:
 class Worker:
     """Runs jobs from ``agora.jobs``: ``HANDLERS[job.kind](job, resources)``.
 
+    A Worker instance runs once: after ``run()`` returns, build a new one.
     ``resources`` is handed to every handler as is; or give ``lifespan``, a
     function returning an async context manager whose value becomes the
     resources for the worker's lifetime (open clients at start, close at stop).
@@ -67,8 +85,7 @@ class Worker:
         self._overrides: dict[str, Any] = {}
         self._stopping = asyncio.Event()
         self._aborting = asyncio.Event()
-        self._wakeup = asyncio.Event()
-        self._running: dict[int, tuple[Job, asyncio.Task[None]]] = {}
+        self._wakeup = asyncio.Event()  # set to make the claim loop look again at once
 
     def configure(self, *, queues: Sequence[str] | None = None, concurrency: int | None = None) -> Worker:
         """Override queues or concurrency (as the CLI's flags do); returns self."""
@@ -137,6 +154,7 @@ class _WorkerRun:
             random.Random(),
         )
         self.rescuer = JobRescuer(store, settings.max_retries)
+        self.running: dict[int, tuple[Job, asyncio.Task[None]]] = {}
         self.side_tasks: list[asyncio.Task[None]] = []
         self.side_stop = asyncio.Event()
 
@@ -163,22 +181,22 @@ class _WorkerRun:
 
     async def _claim_loop(self) -> None:
         worker, settings = self.worker, self.settings
-        error_wait = 0.5
+        error_wait = ErrorWait(0.5)
         while not worker._stopping.is_set():
             worker._wakeup.clear()
-            free = settings.concurrency - len(worker._running)
+            free = settings.concurrency - len(self.running)
             if free > 0:
                 try:
                     jobs = await self.store.claim_jobs(settings.queues, free, worker.id, settings.lease_seconds)
                 except DatabaseUnavailable as error:
-                    log.warning("claiming failed, retrying in %.1fs: %s", error_wait, error)
-                    await wait_for_event(worker._stopping, error_wait)
-                    error_wait = min(error_wait * 2, MAX_ERROR_WAIT)
+                    wait = error_wait.next()
+                    log.warning("claiming failed, retrying in %.1fs: %s", wait, error)
+                    await wait_for_event(worker._stopping, wait)
                     continue
-                error_wait = 0.5
+                error_wait.reset()
                 for job in jobs:
                     task = asyncio.create_task(self._run_job(job), name=f"job-{job.id}")
-                    worker._running[job.id] = (job, task)
+                    self.running[job.id] = (job, task)
                 if len(jobs) == free:
                     await asyncio.sleep(0)  # let finished handlers free their slots, then claim again
                     continue
@@ -195,7 +213,7 @@ class _WorkerRun:
         else:
             self.completer.add(Outcome(job))
         finally:
-            self.worker._running.pop(job.id, None)
+            self.running.pop(job.id, None)
             self.worker._wakeup.set()
 
     # -- side services ---------------------------------------------------------
@@ -223,7 +241,7 @@ class _WorkerRun:
         await self.store.heartbeat(self.worker.id, self.settings.lease_seconds)
 
     async def _completer_loop(self) -> None:
-        error_wait = 0.2
+        error_wait = ErrorWait(0.2)
         while True:
             if not self.completer.pending_count:
                 if self.side_stop.is_set():
@@ -236,15 +254,15 @@ class _WorkerRun:
                 continue
             try:
                 await self.completer.flush_once()
-                error_wait = 0.2
+                error_wait.reset()
             except DatabaseUnavailable as error:
-                log.warning("recording outcomes failed, retrying in %.1fs: %s", error_wait, error)
-                await asyncio.sleep(error_wait)
-                error_wait = min(error_wait * 2, MAX_ERROR_WAIT)
+                wait = error_wait.next()
+                log.warning("recording outcomes failed, retrying in %.1fs: %s", wait, error)
+                await asyncio.sleep(wait)
 
     async def _listen_loop(self) -> None:
         queues = set(self.settings.queues)
-        error_wait = 0.5
+        error_wait = ErrorWait(0.5)
 
         def on_queue(queue: str) -> None:
             if queue in queues:
@@ -254,11 +272,11 @@ class _WorkerRun:
             try:
                 listener = await self.store.listen(on_queue)
             except DatabaseUnavailable as error:
-                log.warning("LISTEN failed, polling meanwhile; retrying in %.1fs: %s", error_wait, error)
-                await wait_for_event(self.side_stop, error_wait)
-                error_wait = min(error_wait * 2, MAX_ERROR_WAIT)
+                wait = error_wait.next()
+                log.warning("LISTEN failed, polling meanwhile; retrying in %.1fs: %s", wait, error)
+                await wait_for_event(self.side_stop, wait)
                 continue
-            error_wait = 0.5
+            error_wait.reset()
             self.worker._wakeup.set()  # jobs may have arrived while not listening
             stopper = asyncio.create_task(self.side_stop.wait())
             watched: list[asyncio.Future[Any]] = [stopper, listener.closed]
@@ -272,11 +290,11 @@ class _WorkerRun:
         """Let running jobs finish within the grace period, release the rest,
         record every outcome, then stop the side services."""
         worker = self.worker
-        tasks = [task for _job, task in worker._running.values()]
+        tasks = [task for _job, task in self.running.values()]
         if tasks and not worker._aborting.is_set():
             log.info("waiting up to %.0fs for %d running job(s)", self.settings.shutdown_timeout, len(tasks))
             await _wait_tasks_or_event(tasks, worker._aborting, self.settings.shutdown_timeout)
-        unfinished = list(worker._running.values())
+        unfinished = list(self.running.values())
         for _job, task in unfinished:
             task.cancel()
         if unfinished:

@@ -17,7 +17,7 @@ from agora_pg.db.connect import Database
 from agora_pg.db.store import Store
 
 from ..conftest import Processes
-from .test_worker_processes import eventually, scalar, start_worker, stop
+from .test_worker_processes import eventually, scalar, start_worker, status_is, stop
 from .worker_app import CREATE_EXECUTIONS
 
 pytestmark = pytest.mark.acceptance
@@ -47,11 +47,8 @@ async def test_worker_survives_a_postgres_restart(tmp_path: Path, processes: Pro
         await scalar(url, CREATE_EXECUTIONS)
         worker = start_worker(processes, url)
 
-        async def done(job_id: int) -> bool:
-            return await scalar(url, "SELECT status FROM agora.jobs WHERE id = $1", job_id) == "done"
-
         before = await enqueue_record(url)
-        await eventually(lambda: done(before), 30, "a job before the restart")
+        await eventually(lambda: status_is(url, before, "done"), 30, "a job before the restart")
         started_at = await scalar(url, "SELECT pg_postmaster_start_time()")
 
         await asyncio.to_thread(
@@ -61,7 +58,7 @@ async def test_worker_survives_a_postgres_restart(tmp_path: Path, processes: Pro
 
         assert await scalar(url, "SELECT pg_postmaster_start_time()") != started_at
         after = await enqueue_record(url)
-        await eventually(lambda: done(after), 30, "a job after the restart")
+        await eventually(lambda: status_is(url, after, "done"), 30, "a job after the restart")
         code, output = stop(worker)
         assert code == 0, output
         assert "Traceback" not in output, output

@@ -49,6 +49,10 @@ async def scalar(database_url: str, sql: str, *args: object) -> object:
         await connection.close()
 
 
+async def status_is(database_url: str, job_id: int, status: str) -> bool:
+    return await scalar(database_url, "SELECT status FROM agora.jobs WHERE id = $1", job_id) == status
+
+
 async def eventually(check: Callable[[], object], timeout: float, what: str) -> None:
     import asyncio
 
@@ -97,20 +101,14 @@ async def test_job_of_a_killed_worker_is_finished_by_another(
     job = await queue.enqueue("hang_first_attempt")
     doomed = start_worker(processes, database_url)
 
-    async def processing() -> bool:
-        return await scalar(database_url, "SELECT status FROM agora.jobs WHERE id = $1", job.id) == "processing"
-
-    await eventually(processing, 30, "the first worker claiming the job")
+    await eventually(lambda: status_is(database_url, job.id, "processing"), 30, "the first worker claiming the job")
     doomed_id = await scalar(database_url, "SELECT locked_by FROM agora.jobs WHERE id = $1", job.id)
     os.kill(doomed.pid, signal.SIGKILL)
     doomed.wait(timeout=10)
 
     rescuer = start_worker(processes, database_url)
 
-    async def done() -> bool:
-        return await scalar(database_url, "SELECT status FROM agora.jobs WHERE id = $1", job.id) == "done"
-
-    await eventually(done, 30, "another worker finishing the job")
+    await eventually(lambda: status_is(database_url, job.id, "done"), 30, "another worker finishing the job")
     code, output = stop(rescuer)
     assert code == 0, output
     connection = await asyncpg.connect(database_url)
@@ -135,10 +133,7 @@ async def test_sigterm_lets_the_running_job_finish_then_exits_0(
     job = await queue.enqueue("slow", {"seconds": 1.5})
     worker = start_worker(processes, database_url)
 
-    async def processing() -> bool:
-        return await scalar(database_url, "SELECT status FROM agora.jobs WHERE id = $1", job.id) == "processing"
-
-    await eventually(processing, 30, "the worker claiming the job")
+    await eventually(lambda: status_is(database_url, job.id, "processing"), 30, "the worker claiming the job")
     code, output = stop(worker)
     assert code == 0, output
     assert await scalar(database_url, "SELECT status FROM agora.jobs WHERE id = $1", job.id) == "done"
@@ -151,10 +146,7 @@ async def test_sigterm_past_the_grace_period_releases_the_job(
     job = await queue.enqueue("slow", {"seconds": 600})
     worker = start_worker(processes, database_url, WORKER_SHUTDOWN_TIMEOUT="0.5")
 
-    async def processing() -> bool:
-        return await scalar(database_url, "SELECT status FROM agora.jobs WHERE id = $1", job.id) == "processing"
-
-    await eventually(processing, 30, "the worker claiming the job")
+    await eventually(lambda: status_is(database_url, job.id, "processing"), 30, "the worker claiming the job")
     started = time.monotonic()
     code, output = stop(worker, timeout=20)
     assert code == 0, output
