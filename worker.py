@@ -1,7 +1,8 @@
 """The example worker module: ``agora-pg worker --module worker``.
 
-This is the composition root: handlers are registered in ``HANDLERS`` and the
-resources they share are built once, when the worker starts.
+This is the composition root: job handlers are registered in ``HANDLERS``, the
+resources they share are built once when the worker starts, and scheduled
+pipelines are registered on the WorkerPool that ``get_worker()`` returns.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from agora_pg import Job, Worker
+from agora_pg.runner import Schedule, ScheduledPipeline, WorkerPool
 
 log = logging.getLogger("worker")
 
@@ -54,5 +56,26 @@ async def lifespan() -> AsyncIterator[Resources]:
     yield Resources(greeting="hello from agora-pg")
 
 
-def get_worker() -> Worker:
-    return Worker(HANDLERS, lifespan=lifespan)
+class Heartbeat:
+    """A tiny pipeline: anything with an async ``run()`` (and optionally ``close()``)."""
+
+    async def run(self) -> None:
+        log.info("scheduled pipeline 'heartbeat' ran")
+
+
+async def build_heartbeat() -> Heartbeat:
+    """The factory: called fresh before every run, so no state leaks between runs."""
+    return Heartbeat()
+
+
+def get_worker() -> WorkerPool:
+    pool = WorkerPool(health_port=8080, graceful_shutdown_timeout=30.0)
+    pool.register(Worker(HANDLERS, lifespan=lifespan))
+    pool.register(
+        ScheduledPipeline(
+            factory=build_heartbeat,
+            schedule=Schedule.every(minutes=1),
+            pipeline_id="heartbeat",
+        )
+    )
+    return pool

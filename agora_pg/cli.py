@@ -15,6 +15,8 @@ from agora_pg.db.connect import resolve_database
 from agora_pg.db.store import Store
 from agora_pg.errors import AgoraError, ConfigError
 from agora_pg.loading import load_worker
+from agora_pg.runner import WorkerPool
+from agora_pg.worker import Worker
 from agora_pg.settings import load_settings, parse_queues
 
 log = logging.getLogger("agora_pg")
@@ -34,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--module", default="worker", help="dotted module path [worker]")
     worker.add_argument("--queues", help="comma-separated queues (overrides WORKER_QUEUES)")
     worker.add_argument("--concurrency", type=int, help="jobs run at once (overrides WORKER_CONCURRENCY)")
+    worker.add_argument("--health-port", type=int, help="serve /health and /ready on this port (0: any free port)")
     return parser
 
 
@@ -49,15 +52,26 @@ async def run_migrate() -> None:
     log.info("database %s is at revision %s", database.display_url, ", ".join(sorted(versions)))
 
 
-async def run_worker(module: str, queues: str | None, concurrency: int | None) -> None:
-    worker = load_worker(module, Path.cwd())
+async def run_worker(module: str, queues: str | None, concurrency: int | None, health_port: int | None) -> None:
+    loaded = load_worker(module, Path.cwd())
     if concurrency is not None and concurrency < 1:
         raise ConfigError("--concurrency", f"must be >= 1, got {concurrency}")
-    worker.configure(
-        queues=parse_queues(queues, key="--queues") if queues is not None else None,
-        concurrency=concurrency,
-    )
-    await worker.run()
+    if health_port is not None and not 0 <= health_port <= 65535:
+        raise ConfigError("--health-port", f"must be a port number, got {health_port}")
+    if isinstance(loaded, Worker):
+        pool = WorkerPool(graceful_shutdown_timeout=loaded.effective_settings().shutdown_timeout).register(loaded)
+    else:
+        pool = loaded
+    if pool.job_worker is not None:
+        pool.job_worker.configure(
+            queues=parse_queues(queues, key="--queues") if queues is not None else None,
+            concurrency=concurrency,
+        )
+    elif queues is not None or concurrency is not None:
+        raise ConfigError("--queues/--concurrency", f"{module}.get_worker() registered no job Worker")
+    if health_port is not None:
+        pool.health_port = health_port
+    await pool.run()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -71,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "migrate":
             asyncio.run(run_migrate())
         elif args.command == "worker":
-            asyncio.run(run_worker(args.module, args.queues, args.concurrency))
+            asyncio.run(run_worker(args.module, args.queues, args.concurrency, args.health_port))
     except ConfigError as error:
         print(f"agora-pg: {error}", file=sys.stderr)
         return EXIT_USAGE

@@ -62,6 +62,10 @@ class InvalidJob(AgoraError):
         self.problem = problem
 
 
+class InvalidSchedule(AgoraError, ValueError):
+    """A schedule was built from arguments that describe no schedule."""
+
+
 class WorkerModuleError(AgoraError):
     """The worker module given on the command line cannot be used."""
 

@@ -6,7 +6,8 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
+from typing import Any
 
 log = logging.getLogger("agora_pg")
 
@@ -49,3 +50,24 @@ async def wait_for_event(event: asyncio.Event, timeout: float) -> bool:
     except TimeoutError:
         return False
     return True
+
+
+async def wait_tasks_or_event(
+    tasks: Collection[asyncio.Task[Any]], event: asyncio.Event, timeout: float
+) -> set[asyncio.Task[Any]]:
+    """Wait until every task is done, ``event`` is set, or ``timeout`` passes;
+    returns the tasks still running."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    waiter = asyncio.create_task(event.wait())
+    pending = {task for task in tasks if not task.done()}
+    try:
+        while pending and not waiter.done():
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            await asyncio.wait([*pending, waiter], timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+            pending = {task for task in pending if not task.done()}
+    finally:
+        waiter.cancel()
+    return pending

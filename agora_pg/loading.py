@@ -8,9 +8,10 @@ from pathlib import Path
 from types import ModuleType
 
 from agora_pg.errors import WorkerModuleError
+from agora_pg.runner import WorkerPool
 from agora_pg.worker import Worker
 
-EXAMPLE = "def get_worker() -> Worker: return Worker(handlers={'send_email': send_email})"
+EXAMPLE = "def get_worker() -> WorkerPool: return WorkerPool().register(Worker({'send_email': send_email}))"
 
 
 def import_module(name: str, search_dir: Path) -> ModuleType:
@@ -31,15 +32,15 @@ def import_module(name: str, search_dir: Path) -> ModuleType:
         raise WorkerModuleError(f"importing {name!r} failed: {type(error).__name__}: {error}") from error
 
 
-def load_worker(module_name: str, search_dir: Path) -> Worker:
-    """Import the module and call its ``get_worker()``."""
+def load_worker(module_name: str, search_dir: Path) -> Worker | WorkerPool:
+    """Import the module and call its ``get_worker()`` (a WorkerPool or a job Worker)."""
     module = import_module(module_name, search_dir)
     factory = getattr(module, "get_worker", None)
     if not callable(factory):
         raise WorkerModuleError(f"module {module_name!r} has no get_worker() function; expected: {EXAMPLE}")
     worker = factory()
-    if not isinstance(worker, Worker):
+    if not isinstance(worker, Worker | WorkerPool):
         raise WorkerModuleError(
-            f"{module_name}.get_worker() returned {type(worker).__name__}, expected a Worker: {EXAMPLE}"
+            f"{module_name}.get_worker() returned {type(worker).__name__}, expected a WorkerPool or a Worker: {EXAMPLE}"
         )
     return worker

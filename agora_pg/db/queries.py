@@ -177,3 +177,111 @@ VERSION_TABLE_EXISTS = "SELECT to_regclass('agora.alembic_version') IS NOT NULL"
 
 # The applied migration revisions.
 SELECT_SCHEMA_VERSIONS = "SELECT version_num FROM agora.alembic_version"
+
+# -- schedules -------------------------------------------------------------------
+
+SCHEDULE_COLUMNS = (
+    "pipeline_id, schedule_kind, schedule_spec, state, next_run_at, consecutive_errors, last_error, "
+    "last_status, last_started_at, last_finished_at, lease_owner, lease_expires_at, "
+    "error_backoff_seconds, max_consecutive_errors"
+)
+
+# Register a pipeline's schedule; a changed spec recomputes next_run_at (and re-arms a completed one).
+UPSERT_SCHEDULE = f"""
+INSERT INTO agora.schedules AS s
+    (pipeline_id, schedule_kind, schedule_spec, next_run_at, error_backoff_seconds, max_consecutive_errors)
+VALUES ($1, $2, $3, $4, $5, $6)
+ON CONFLICT (pipeline_id) DO UPDATE SET
+    schedule_kind = EXCLUDED.schedule_kind,
+    schedule_spec = EXCLUDED.schedule_spec,
+    next_run_at = CASE WHEN s.schedule_spec = EXCLUDED.schedule_spec THEN s.next_run_at
+                       ELSE EXCLUDED.next_run_at END,
+    state = CASE WHEN s.schedule_spec <> EXCLUDED.schedule_spec AND s.state = 'completed' THEN 'active'
+                 ELSE s.state END,
+    error_backoff_seconds = EXCLUDED.error_backoff_seconds,
+    max_consecutive_errors = EXCLUDED.max_consecutive_errors,
+    updated_at = now()
+RETURNING {SCHEDULE_COLUMNS}
+"""
+
+# One schedule, with how many seconds (by the database clock) until it is due and until its lease expires.
+SELECT_SCHEDULE = f"""
+SELECT {SCHEDULE_COLUMNS},
+       extract(epoch FROM next_run_at - clock_timestamp()) AS due_in_seconds,
+       extract(epoch FROM lease_expires_at - clock_timestamp()) AS lease_left_seconds
+FROM agora.schedules WHERE pipeline_id = $1
+"""
+
+# Claim the due run of pipeline $1 (registered with spec $3) for worker $2 with a lease of $4
+# seconds. A lease left by a lost worker is taken over: its run is recorded abandoned and the
+# tick is run again now. The run row's unique (pipeline_id, scheduled_for) key makes a second
+# record of the same tick impossible.
+CLAIM_PIPELINE_RUN = f"""
+WITH due AS (
+    SELECT pipeline_id, next_run_at, lease_owner FROM agora.schedules
+    WHERE pipeline_id = $1 AND state = 'active' AND schedule_spec = $3
+      AND next_run_at <= clock_timestamp()
+      AND (lease_owner IS NULL OR lease_expires_at < clock_timestamp())
+    FOR UPDATE SKIP LOCKED
+), abandoned AS (
+    UPDATE agora.runs AS r
+    SET status = 'abandoned', finished_at = now(), error_type = 'WorkerLost',
+        error_message = 'WorkerLost: worker ' || due.lease_owner || ' stopped renewing its lease'
+    FROM due
+    WHERE due.lease_owner IS NOT NULL AND r.pipeline_id = due.pipeline_id AND r.status = 'running'
+), claimed AS (
+    UPDATE agora.schedules AS s
+    SET lease_owner = $2, lease_expires_at = clock_timestamp() + make_interval(secs => $4),
+        last_started_at = clock_timestamp(),
+        next_run_at = CASE WHEN due.lease_owner IS NULL THEN s.next_run_at ELSE clock_timestamp() END
+    FROM due WHERE s.pipeline_id = due.pipeline_id
+    RETURNING {", ".join("s." + c.strip() for c in SCHEDULE_COLUMNS.split(","))}
+), run AS (
+    INSERT INTO agora.runs (pipeline_id, attempt, worker_id, started_at, status, scheduled_for)
+    SELECT pipeline_id, 1, $2, last_started_at, 'running', next_run_at FROM claimed
+    RETURNING id, scheduled_for
+)
+SELECT claimed.*, run.id AS run_id, run.scheduled_for FROM claimed, run
+"""
+
+# Keep the lease of a running pipeline run.
+RENEW_PIPELINE_LEASE = """
+UPDATE agora.schedules SET lease_expires_at = clock_timestamp() + make_interval(secs => $3)
+WHERE pipeline_id = $1 AND lease_owner = $2
+"""
+
+# Record the end of run $3 of pipeline $1 by worker $2 and the schedule's new state, fenced on the lease.
+FINISH_PIPELINE_RUN = """
+WITH released AS (
+    UPDATE agora.schedules
+    SET lease_owner = NULL, lease_expires_at = NULL, last_finished_at = clock_timestamp(),
+        last_status = $4, consecutive_errors = $7, last_error = $6, next_run_at = $8, state = $9
+    WHERE pipeline_id = $1 AND lease_owner = $2
+    RETURNING pipeline_id
+)
+UPDATE agora.runs AS r
+SET status = $4, finished_at = clock_timestamp(), error_type = $5, error_message = $6
+FROM released
+WHERE r.id = $3 AND r.status = 'running'
+RETURNING r.id
+"""
+
+# Give back a run cut short at shutdown: recorded cancelled, the lease freed, due again at once.
+RELEASE_PIPELINE_RUN = """
+WITH released AS (
+    UPDATE agora.schedules
+    SET lease_owner = NULL, lease_expires_at = NULL, last_status = 'cancelled',
+        next_run_at = CASE WHEN state = 'active' THEN clock_timestamp() ELSE next_run_at END
+    WHERE pipeline_id = $1 AND lease_owner = $2
+    RETURNING pipeline_id
+)
+UPDATE agora.runs AS r
+SET status = 'cancelled', finished_at = clock_timestamp(), error_type = 'WorkerShutdown',
+    error_message = 'WorkerShutdown: cancelled at worker shutdown'
+FROM released
+WHERE r.id = $3 AND r.status = 'running'
+RETURNING r.id
+"""
+
+# Database liveness for the health server.
+PING = "SELECT 1"

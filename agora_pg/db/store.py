@@ -25,6 +25,7 @@ from agora_pg.db.connect import Database
 from agora_pg.errors import DatabaseUnavailable, InvalidTransition, JobNotFound
 from agora_pg.job_spec import JobSpec
 from agora_pg.jobs import Job, JobStatus
+from agora_pg.db.schedule_rows import ClaimedRun, RunFinish, ScheduleRegistration, ScheduleRow
 
 log = logging.getLogger("agora_pg.store")
 
@@ -238,6 +239,62 @@ class Store:
     async def delete_stale_workers(self, older_than_seconds: float) -> None:
         async with self.connection() as connection:
             await connection.execute(queries.DELETE_STALE_WORKERS, float(older_than_seconds))
+
+    # -- schedules -------------------------------------------------------------------
+
+    async def upsert_schedule(self, registration: ScheduleRegistration) -> ScheduleRow:
+        rows = await self._fetch(
+            queries.UPSERT_SCHEDULE,
+            registration.pipeline_id,
+            registration.kind,
+            registration.spec,
+            registration.first_run_at,
+            registration.error_backoff_seconds,
+            registration.max_consecutive_errors,
+        )
+        return ScheduleRow.from_row(rows[0])
+
+    async def get_schedule(self, pipeline_id: str) -> ScheduleRow | None:
+        rows = await self._fetch(queries.SELECT_SCHEDULE, pipeline_id)
+        return ScheduleRow.from_row(rows[0]) if rows else None
+
+    async def claim_pipeline_run(
+        self, pipeline_id: str, spec: str, worker_id: str, lease_seconds: float
+    ) -> ClaimedRun | None:
+        """Claim the pipeline's due run, or None when it is not due, leased or not ours."""
+        rows = await self._fetch(queries.CLAIM_PIPELINE_RUN, pipeline_id, worker_id, spec, float(lease_seconds))
+        if not rows:
+            return None
+        row = rows[0]
+        return ClaimedRun(ScheduleRow.from_row(row), run_id=row["run_id"], scheduled_for=row["scheduled_for"])
+
+    async def renew_pipeline_lease(self, pipeline_id: str, worker_id: str, lease_seconds: float) -> None:
+        async with self.connection() as connection:
+            await connection.execute(queries.RENEW_PIPELINE_LEASE, pipeline_id, worker_id, float(lease_seconds))
+
+    async def finish_pipeline_run(self, finish: RunFinish) -> bool:
+        """Record a run's end; False if this worker no longer held the lease."""
+        rows = await self._fetch(
+            queries.FINISH_PIPELINE_RUN,
+            finish.pipeline_id,
+            finish.worker_id,
+            finish.run_id,
+            finish.status,
+            finish.error_type,
+            finish.error_message,
+            finish.consecutive_errors,
+            finish.next_run_at,
+            finish.state,
+        )
+        return bool(rows)
+
+    async def release_pipeline_run(self, pipeline_id: str, worker_id: str, run_id: int) -> bool:
+        rows = await self._fetch(queries.RELEASE_PIPELINE_RUN, pipeline_id, worker_id, run_id)
+        return bool(rows)
+
+    async def ping(self) -> None:
+        async with self.connection() as connection:
+            await connection.fetchval(queries.PING)
 
     # -- notifications -------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from sqlalchemy import (
     CheckConstraint,
     Column,
     DateTime,
+    Float,
     ForeignKey,
     Identity,
     Index,
@@ -86,12 +87,44 @@ runs = Table(
     Column("status", Text, nullable=False, server_default=text("'running'"), comment="running, succeeded, failed, abandoned (worker lost) or cancelled (released at shutdown)."),
     Column("error_type", Text, nullable=True, comment="Exception class name of a failed attempt."),
     Column("error_message", Text, nullable=True, comment="Type and text of the error."),
+    Column("scheduled_for", DateTime(timezone=True), nullable=True, comment="The schedule tick a pipeline run belongs to; unique per pipeline."),
     CheckConstraint("status IN ('running', 'succeeded', 'failed', 'abandoned', 'cancelled')", name="runs_status_check"),
     comment="One row per execution attempt: job attempts and scheduled-pipeline runs.",
 )
 
 Index("runs_job_attempt_idx", runs.c.job_id, runs.c.attempt, unique=True, postgresql_where=text("job_id IS NOT NULL"))
 Index("runs_finished_at_idx", runs.c.finished_at)
+Index(
+    "runs_pipeline_tick_idx",
+    runs.c.pipeline_id,
+    runs.c.scheduled_for,
+    unique=True,
+    postgresql_where=text("pipeline_id IS NOT NULL"),
+)
+
+schedules = Table(
+    "schedules",
+    metadata,
+    Column("pipeline_id", Text, primary_key=True, comment="The ScheduledPipeline's pipeline_id."),
+    Column("schedule_kind", Text, nullable=False, comment="every, cron, continuous or once."),
+    Column("schedule_spec", Text, nullable=False, comment="Canonical form of the schedule, e.g. 'every 3600s' or 'cron 0 2 * * * Europe/Berlin'."),
+    Column("state", Text, nullable=False, server_default=text("'active'"), comment="active, paused, stopped (after max_consecutive_errors) or completed (a once schedule that succeeded)."),
+    Column("next_run_at", DateTime(timezone=True), nullable=True, comment="When the next run is due; NULL once completed."),
+    Column("consecutive_errors", Integer, nullable=False, server_default=text("0"), comment="Failed runs since the last success."),
+    Column("last_error", Text, nullable=True, comment="Type and text of the last failed run's error."),
+    Column("last_status", Text, nullable=True, comment="Outcome of the last finished run (an agora.runs status)."),
+    Column("last_started_at", DateTime(timezone=True), nullable=True, comment="When the last run started."),
+    Column("last_finished_at", DateTime(timezone=True), nullable=True, comment="When the last run finished."),
+    Column("lease_owner", Text, nullable=True, comment="Worker running the pipeline now (agora.workers.id)."),
+    Column("lease_expires_at", DateTime(timezone=True), nullable=True, comment="After this, another worker may take the run over."),
+    Column("error_backoff_seconds", Float, nullable=False, server_default=text("60"), comment="Base of the exponential delay after a failed run."),
+    Column("max_consecutive_errors", Integer, nullable=False, server_default=text("10"), comment="Failed runs in a row after which the schedule stops."),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=text("now()"), comment="When the pipeline was first registered."),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=text("now()"), comment="When a worker last registered it."),
+    CheckConstraint("schedule_kind IN ('every', 'cron', 'continuous', 'once')", name="schedules_kind_check"),
+    CheckConstraint("state IN ('active', 'paused', 'stopped', 'completed')", name="schedules_state_check"),
+    comment="One row per scheduled pipeline: its durable schedule state and run lease.",
+)
 
 workers = Table(
     "workers",

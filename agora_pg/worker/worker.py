@@ -23,7 +23,7 @@ from agora_pg.db.migrate import head_revisions
 from agora_pg.db.store import Store
 from agora_pg.errors import DatabaseUnavailable, SchemaNotReady
 from agora_pg.jobs import Job
-from agora_pg.lifecycle import shutdown_signals, wait_for_event
+from agora_pg.lifecycle import shutdown_signals, wait_for_event, wait_tasks_or_event
 from agora_pg.retry import BackoffPolicy
 from agora_pg.settings import Settings, load_settings
 from agora_pg.worker.completer import Completer, Outcome
@@ -105,18 +105,26 @@ class Worker:
         self._aborting.set()
         self.stop()
 
+    def effective_settings(self) -> Settings:
+        """The settings this worker runs with: its own (or the environment's) plus overrides."""
+        return (self.settings or load_settings(os.environ)).replace(**self._overrides)
+
     async def run(self, *, handle_signals: bool = True) -> None:
         """Run until ``stop()`` or SIGINT/SIGTERM; blocks."""
-        settings = (self.settings or load_settings(os.environ)).replace(**self._overrides)
+        settings = self.effective_settings()
         with shutdown_signals(self.stop, self.abort) if handle_signals else contextlib.nullcontext():
             async with resolve_database(settings) as database:
                 store = Store.open(database, pool_size=4)
                 try:
                     await check_schema(store)
-                    async with self._resources() as resources:
-                        await _WorkerRun(self, store, settings, resources).serve()
+                    await self.serve(store, settings)
                 finally:
                     await store.close()
+
+    async def serve(self, store: Store, settings: Settings) -> None:
+        """Run on an open Store (as a ``WorkerPool`` does) until stopped."""
+        async with self._resources() as resources:
+            await _WorkerRun(self, store, settings, resources).serve()
 
     @contextlib.asynccontextmanager
     async def _resources(self) -> AsyncIterator[Any]:
@@ -293,7 +301,7 @@ class _WorkerRun:
         tasks = [task for _job, task in self.running.values()]
         if tasks and not worker._aborting.is_set():
             log.info("waiting up to %.0fs for %d running job(s)", self.settings.shutdown_timeout, len(tasks))
-            await _wait_tasks_or_event(tasks, worker._aborting, self.settings.shutdown_timeout)
+            await wait_tasks_or_event(tasks, worker._aborting, self.settings.shutdown_timeout)
         unfinished = list(self.running.values())
         for _job, task in unfinished:
             task.cancel()
@@ -322,19 +330,3 @@ class _WorkerRun:
             except DatabaseUnavailable as error:
                 log.warning("recording outcomes at shutdown failed: %s", error)
                 await asyncio.sleep(0.5)
-
-
-async def _wait_tasks_or_event(tasks: list[asyncio.Task[None]], event: asyncio.Event, timeout: float) -> None:
-    """Wait until every task is done, ``event`` is set, or ``timeout`` passes."""
-    waiter = asyncio.create_task(event.wait())
-    deadline = asyncio.get_running_loop().time() + timeout
-    try:
-        pending = {task for task in tasks if not task.done()}
-        while pending and not waiter.done():
-            remaining = deadline - asyncio.get_running_loop().time()
-            if remaining <= 0:
-                return
-            await asyncio.wait([*pending, waiter], timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
-            pending = {task for task in pending if not task.done()}
-    finally:
-        waiter.cancel()

@@ -69,7 +69,7 @@ async def test_every_column_is_commented(store: Store) -> None:
         missing = await connection.fetch(
             """
             SELECT c.table_name, c.column_name FROM information_schema.columns c
-            WHERE c.table_schema = 'agora' AND c.table_name IN ('jobs', 'runs', 'workers')
+            WHERE c.table_schema = 'agora' AND c.table_name IN ('jobs', 'runs', 'workers', 'schedules')
               AND col_description(format('agora.%I', c.table_name)::regclass, c.ordinal_position) IS NULL
             """
         )

@@ -8,7 +8,9 @@ import pytest
 from agora_pg.db.connect import Database
 from agora_pg.errors import ConfigError
 
-PURE_MODULES = ["agora_pg.jobs", "agora_pg.retry", "agora_pg.settings", "agora_pg.job_spec", "agora_pg.errors"]
+PURE_MODULES = [
+    "agora_pg.jobs", "agora_pg.retry", "agora_pg.settings", "agora_pg.job_spec", "agora_pg.errors", "agora_pg.schedules",
+]
 
 
 def test_pure_modules_load_no_database_driver() -> None:

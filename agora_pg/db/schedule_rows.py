@@ -1,0 +1,75 @@
+"""Values exchanged with the Store about schedules (rows in, rows out)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduleRegistration:
+    """What a worker registers for one pipeline."""
+
+    pipeline_id: str
+    kind: str
+    spec: str
+    first_run_at: datetime
+    error_backoff_seconds: float
+    max_consecutive_errors: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduleRow:
+    """One row of ``agora.schedules``; the ``*_seconds`` fields are measured by the database clock."""
+
+    pipeline_id: str
+    schedule_kind: str
+    schedule_spec: str
+    state: str
+    next_run_at: datetime | None
+    consecutive_errors: int
+    last_error: str | None
+    last_status: str | None
+    last_started_at: datetime | None
+    last_finished_at: datetime | None
+    lease_owner: str | None
+    lease_expires_at: datetime | None
+    error_backoff_seconds: float
+    max_consecutive_errors: int
+    due_in_seconds: float | None = None
+    lease_left_seconds: float | None = None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> ScheduleRow:
+        present = set(row.keys())
+        values = {field.name: row[field.name] for field in dataclasses.fields(cls) if field.name in present}
+        for name in ("due_in_seconds", "lease_left_seconds"):
+            if values.get(name) is not None:
+                values[name] = float(values[name])
+        return cls(**values)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClaimedRun:
+    """A run this worker now holds the lease for."""
+
+    schedule: ScheduleRow
+    run_id: int
+    scheduled_for: datetime
+
+
+@dataclasses.dataclass(frozen=True)
+class RunFinish:
+    """How a run ended and what the schedule becomes."""
+
+    pipeline_id: str
+    worker_id: str
+    run_id: int
+    status: str  # succeeded or failed
+    error_type: str | None
+    error_message: str | None
+    consecutive_errors: int
+    next_run_at: datetime | None
+    state: str

@@ -1,0 +1,8 @@
+"""Scheduled pipelines and the worker runtime: ``from agora_pg.runner import Schedule, ScheduledPipeline, WorkerPool``."""
+
+from agora_pg.runner.health import HealthServer
+from agora_pg.runner.scheduled_pipeline import PipelineStatus, ScheduledPipeline
+from agora_pg.runner.worker_pool import PipelineFailed, WorkerPool
+from agora_pg.schedules import Schedule
+
+__all__ = ["HealthServer", "PipelineFailed", "PipelineStatus", "Schedule", "ScheduledPipeline", "WorkerPool"]

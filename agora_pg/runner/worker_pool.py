@@ -1,0 +1,196 @@
+"""WorkerPool: runs ScheduledPipelines and the job worker in one process.
+
+The process lifecycle lives here: the first SIGINT/SIGTERM sets the shutdown
+event and stops every pipeline (sleeping ones exit at once, running ones finish
+their run) and the job worker; the pool waits up to
+``graceful_shutdown_timeout``, then force-cancels what is left. A second signal
+cancels at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from typing import Any
+
+from agora_pg.db.connect import resolve_database
+from agora_pg.db.store import Store
+from agora_pg.errors import AgoraError, DatabaseUnavailable
+from agora_pg.lifecycle import shutdown_signals, wait_tasks_or_event
+from agora_pg.retry import describe_error
+from agora_pg.runner.health import HealthServer
+from agora_pg.runner.scheduled_pipeline import ScheduledPipeline
+from agora_pg.settings import Settings, load_settings
+from agora_pg.worker.worker import Worker, check_schema, new_worker_id
+
+log = logging.getLogger("agora_pg.runner")
+
+TERMINAL_STATES = {"stopped"}
+
+
+class PipelineFailed(AgoraError):
+    """A pipeline reached ``max_consecutive_errors``; the pool shut down because of it."""
+
+    def __init__(self, pipeline_id: str, consecutive_errors: int, error: BaseException) -> None:
+        _type, message = describe_error(error)
+        super().__init__(f"pipeline {pipeline_id!r} stopped after {consecutive_errors} consecutive errors: {message}")
+        self.pipeline_id = pipeline_id
+        self.error = error
+
+
+class WorkerPool:
+    """Runs every registered ScheduledPipeline, and a job ``Worker`` if one is
+    registered, as concurrent asyncio tasks. ``health_port`` starts a
+    HealthServer; without it there is no server."""
+
+    def __init__(
+        self,
+        health_port: int | None = None,
+        graceful_shutdown_timeout: float = 30.0,
+        *,
+        settings: Settings | None = None,
+    ) -> None:
+        if graceful_shutdown_timeout < 0:
+            raise ValueError("graceful_shutdown_timeout must be >= 0")
+        self.health_port = health_port
+        self.graceful_shutdown_timeout = graceful_shutdown_timeout
+        self.settings = settings
+        self.pipelines: list[ScheduledPipeline] = []
+        self.job_worker: Worker | None = None
+        self.health: HealthServer | None = None
+        self._stopping = asyncio.Event()
+        self._aborting = asyncio.Event()
+        self._store: Store | None = None
+
+    def register(self, item: ScheduledPipeline | Worker) -> WorkerPool:
+        """Add a ScheduledPipeline (or the job Worker); returns self for chaining."""
+        if isinstance(item, Worker):
+            if self.job_worker is not None:
+                raise ValueError("a WorkerPool runs one job Worker; give it all the handlers")
+            self.job_worker = item
+        elif isinstance(item, ScheduledPipeline):
+            if any(p.pipeline_id == item.pipeline_id for p in self.pipelines):
+                raise ValueError(f"pipeline_id {item.pipeline_id!r} is registered twice")
+            self.pipelines.append(item)
+        else:
+            raise TypeError(f"register() takes a ScheduledPipeline or a Worker, got {type(item).__name__}")
+        return self
+
+    def stop(self) -> None:
+        """Begin a graceful shutdown."""
+        self._stopping.set()
+        for pipeline in self.pipelines:
+            pipeline.stop()
+        if self.job_worker is not None:
+            self.job_worker.stop()
+
+    def abort(self) -> None:
+        """Skip the graceful wait: cancel everything now."""
+        self._aborting.set()
+        if self.job_worker is not None:
+            self.job_worker.abort()
+        self.stop()
+
+    async def run(self, *, handle_signals: bool = True) -> None:
+        """Run until shutdown; raises ``PipelineFailed`` if a pipeline stopped for errors."""
+        settings = self.settings or load_settings(os.environ)
+        if self.job_worker is not None:
+            settings = self.job_worker.effective_settings()
+        with shutdown_signals(self.stop, self.abort) if handle_signals else contextlib.nullcontext():
+            async with resolve_database(settings) as database:
+                store = Store.open(database, pool_size=5)
+                self._store = store
+                try:
+                    await check_schema(store)
+                    await self._serve(store, settings)
+                finally:
+                    self._store = None
+                    await store.close()
+
+    async def _serve(self, store: Store, settings: Settings) -> None:
+        worker_id = self.job_worker.id if self.job_worker is not None else new_worker_id()
+        tasks: dict[asyncio.Task[Any], str] = {}
+        for pipeline in self.pipelines:
+            tasks[asyncio.create_task(pipeline.serve(store, worker_id, settings), name=pipeline.pipeline_id)] = (
+                pipeline.pipeline_id
+            )
+        if self.job_worker is not None:
+            worker_settings = settings.replace(shutdown_timeout=self.graceful_shutdown_timeout)
+            tasks[asyncio.create_task(self.job_worker.serve(store, worker_settings), name="jobs")] = "jobs"
+        if self.health_port is not None:
+            self.health = HealthServer(self.health_port, self._live, self._ready)
+            await self.health.start()
+        failure: PipelineFailed | None = None
+        try:
+            failure = await self._watch(tasks)
+            await self._shut_down(tasks)
+        finally:
+            if self.health is not None:
+                await self.health.close()
+        if failure is not None:
+            log.error("%s", failure)
+            raise failure
+
+    async def _watch(self, tasks: dict[asyncio.Task[Any], str]) -> PipelineFailed | None:
+        """Wait for a shutdown signal, the end of every task, or a terminal error."""
+        failure: PipelineFailed | None = None
+        stopper: asyncio.Task[Any] = asyncio.create_task(self._stopping.wait())
+        pending: set[asyncio.Task[Any]] = set(tasks)
+        try:
+            while pending and not self._stopping.is_set():
+                done, pending = await asyncio.wait(pending | {stopper}, return_when=asyncio.FIRST_COMPLETED)
+                pending.discard(stopper)
+                for task in done - {stopper}:
+                    if task.cancelled() or task.exception() is None:
+                        continue
+                    error = task.exception()
+                    assert error is not None
+                    name = tasks[task]
+                    pipeline = next((p for p in self.pipelines if p.pipeline_id == name), None)
+                    if pipeline is not None:
+                        failure = PipelineFailed(name, pipeline.status.consecutive_errors, error)
+                        log.error("pipeline %s reached max_consecutive_errors; shutting the pool down", name)
+                    else:
+                        log.error("the job worker crashed; shutting the pool down", exc_info=error)
+                        failure = failure or PipelineFailed(name, 0, error)
+                    self.stop()
+        finally:
+            stopper.cancel()
+        return failure
+
+    async def _shut_down(self, tasks: dict[asyncio.Task[Any], str]) -> None:
+        self.stop()
+        pending = await wait_tasks_or_event(tasks, self._aborting, self.graceful_shutdown_timeout)
+        if pending:
+            log.warning("graceful shutdown over; cancelling %s", sorted(tasks[task] for task in pending))
+            if self.job_worker is not None:
+                self.job_worker.abort()  # it cancels and releases its own jobs
+            for task in pending:
+                if tasks[task] != "jobs":
+                    task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _live(self) -> tuple[bool, dict[str, Any]]:
+        return True, {"status": "ok", "pipelines": self._pipeline_report()}
+
+    async def _ready(self) -> tuple[bool, dict[str, Any]]:
+        body: dict[str, Any] = {"pipelines": self._pipeline_report()}
+        healthy = True
+        try:
+            assert self._store is not None
+            await asyncio.wait_for(self._store.ping(), timeout=2)
+            body["database"] = "ok"
+        except (DatabaseUnavailable, TimeoutError, AssertionError) as error:
+            body["database"] = f"unavailable: {error}"
+            healthy = False
+        stopped = [p.pipeline_id for p in self.pipelines if p.status.state in TERMINAL_STATES]
+        if stopped:
+            body["stopped_pipelines"] = stopped
+            healthy = False
+        body["status"] = "ready" if healthy else "not ready"
+        return healthy, body
+
+    def _pipeline_report(self) -> dict[str, Any]:
+        return {p.pipeline_id: p.status.as_json() for p in self.pipelines}

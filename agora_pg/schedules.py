@@ -1,0 +1,129 @@
+"""When scheduled pipelines run: pure arithmetic, clock-free (``now`` is an argument).
+
+Cron times are wall-clock times in a named zone. Across daylight-saving changes:
+a wall-clock time that a spring-forward change skips runs shifted forward by the
+gap (02:30 on the night clocks jump from 02:00 to 03:00 runs at 03:30), and a
+wall-clock time that a fall-back change repeats runs once, at its first occurrence.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import croniter
+
+from agora_pg.errors import InvalidSchedule
+
+ERROR_BACKOFF_CAP_SECONDS = 600.0  # the seed: exponential, capped at 10 minutes
+
+
+class ScheduleKind(str, enum.Enum):
+    EVERY = "every"
+    CRON = "cron"
+    CONTINUOUS = "continuous"
+    ONCE = "once"
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """When a ``ScheduledPipeline`` runs; build one with ``every``, ``cron``,
+    ``continuous`` or ``once``."""
+
+    kind: ScheduleKind
+    interval_seconds: float | None = None
+    expression: str | None = None
+    timezone: str = "UTC"
+
+    @classmethod
+    def every(cls, *, seconds: float = 0, minutes: float = 0, hours: float = 0, days: float = 0) -> Schedule:
+        """The next run starts this long after the previous run finished."""
+        for name, value in (("seconds", seconds), ("minutes", minutes), ("hours", hours), ("days", days)):
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise InvalidSchedule(f"Schedule.every({name}=...): expected a number >= 0, got {value!r}")
+        total = seconds + 60 * minutes + 3600 * hours + 86400 * days
+        if total <= 0:
+            raise InvalidSchedule("Schedule.every() needs a positive duration, e.g. Schedule.every(minutes=15)")
+        return cls(ScheduleKind.EVERY, interval_seconds=float(total))
+
+    @classmethod
+    def cron(cls, expression: str, timezone: str = "UTC") -> Schedule:
+        """Runs at the wall-clock times of a 5-field cron expression in ``timezone``."""
+        if not isinstance(expression, str) or len(expression.split()) != 5 or not croniter.is_valid(expression):
+            raise InvalidSchedule(
+                f"Schedule.cron({expression!r}): expected a 5-field cron expression such as '0 */6 * * *'"
+            )
+        try:
+            ZoneInfo(timezone)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise InvalidSchedule(f"Schedule.cron(timezone={timezone!r}): unknown time zone") from None
+        return cls(ScheduleKind.CRON, expression=" ".join(expression.split()), timezone=timezone)
+
+    @classmethod
+    def continuous(cls) -> Schedule:
+        """The next run starts as soon as the previous one finishes."""
+        return cls(ScheduleKind.CONTINUOUS)
+
+    @classmethod
+    def once(cls) -> Schedule:
+        """Exactly one successful run, ever, for the pipeline id."""
+        return cls(ScheduleKind.ONCE)
+
+    @property
+    def spec(self) -> str:
+        """A canonical text form, stored in ``agora.schedules.schedule_spec``."""
+        if self.kind is ScheduleKind.EVERY:
+            return f"every {self.interval_seconds:g}s"
+        if self.kind is ScheduleKind.CRON:
+            return f"cron {self.expression} {self.timezone}"
+        return str(self.kind.value)
+
+    def first_run_at(self, now: datetime) -> datetime:
+        """When a newly registered (or changed) schedule first runs."""
+        if self.kind is ScheduleKind.CRON:
+            return next_cron_tick(self._expression, self.timezone, now)
+        return now
+
+    def next_run_after_success(self, finished_at: datetime) -> datetime | None:
+        """When the run after a successful one starts; ``None`` for ``once``."""
+        if self.kind is ScheduleKind.EVERY:
+            assert self.interval_seconds is not None
+            return finished_at + timedelta(seconds=self.interval_seconds)
+        if self.kind is ScheduleKind.CRON:
+            return next_cron_tick(self._expression, self.timezone, finished_at)
+        if self.kind is ScheduleKind.CONTINUOUS:
+            return finished_at
+        return None
+
+    @property
+    def _expression(self) -> str:
+        assert self.expression is not None
+        return self.expression
+
+
+def next_cron_tick(expression: str, timezone: str, after: datetime) -> datetime:
+    """The first instant strictly after ``after`` (aware) whose wall-clock time in
+    ``timezone`` matches ``expression``; returned in UTC. Missed ticks are not
+    replayed: callers pass the time the previous run finished."""
+    if after.tzinfo is None:
+        raise ValueError("after must be timezone-aware")
+    zone = ZoneInfo(timezone)
+    after_utc = after.astimezone(UTC)
+    wall_clock = after_utc.astimezone(zone).replace(tzinfo=None)
+    ticks = croniter(expression, wall_clock)
+    while True:
+        candidate_wall: datetime = ticks.get_next(datetime)
+        # fold=0: a repeated time is its first occurrence; a skipped time lands after the gap
+        candidate: datetime = candidate_wall.replace(tzinfo=zone, fold=0).astimezone(UTC)
+        if candidate > after_utc:
+            return candidate
+
+
+def error_backoff(consecutive_errors: int, base_seconds: float) -> float:
+    """Seconds to wait after the n-th failure in a row (n >= 1):
+    ``min(600, base_seconds * 2**(n-1))``."""
+    if consecutive_errors < 1:
+        raise ValueError("consecutive_errors must be >= 1")
+    return min(ERROR_BACKOFF_CAP_SECONDS, base_seconds * 2.0 ** min(consecutive_errors - 1, 62))

@@ -1,0 +1,188 @@
+"""Scheduled pipelines in real `agora-pg worker` processes: sharing, kill -9, restarts, signals, health."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+
+from ..conftest import Processes
+from .pipeline_app import CREATE_EVENTS
+from .test_worker_processes import eventually, scalar, stop, worker_env
+
+HERE = Path(__file__).resolve().parent
+pytestmark = pytest.mark.acceptance
+
+
+def start_pool(processes: Processes, url: str, *args: str, **env: str) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "agora_pg.cli", "worker", "--module", "pipeline_app", *args]
+    return processes.start(command, worker_env(url, **env), HERE)
+
+
+@pytest.fixture
+async def events(database_url: str) -> None:
+    await scalar(database_url, CREATE_EVENTS)
+
+
+async def fetch(url: str, sql: str, *args: Any) -> list[asyncpg.Record]:
+    connection = await asyncpg.connect(url)
+    try:
+        return await connection.fetch(sql, *args)
+    finally:
+        await connection.close()
+
+
+async def run_statuses(url: str) -> list[str]:
+    return [row["status"] for row in await fetch(url, "SELECT status FROM agora.runs WHERE pipeline_id = 'acceptance' ORDER BY id")]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def http_get(url: str) -> tuple[int, dict[str, Any]]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+async def test_three_workers_share_one_pipeline_without_overlap(
+    database_url: str, processes: Processes, events: None
+) -> None:
+    workers = [start_pool(processes, database_url, PIPELINE_SLEEP="0.3") for _ in range(3)]
+    await asyncio.sleep(10)
+    for process in workers:
+        code, output = stop(process)
+        assert code == 0, output
+    rows = await fetch(database_url, "SELECT started_at, finished_at, pid FROM public.pipeline_events ORDER BY started_at")
+    runs = await fetch(
+        database_url,
+        "SELECT status, started_at, finished_at FROM agora.runs WHERE pipeline_id = 'acceptance' ORDER BY started_at",
+    )
+    assert all(row["finished_at"] is not None for row in rows)
+    assert [run["status"] for run in runs] == ["succeeded"] * len(runs)
+    assert len(rows) == len(runs)
+    gaps = [(later["started_at"] - earlier["finished_at"]).total_seconds() for earlier, later in zip(rows, rows[1:])]
+    assert min(gaps) > 0.9, gaps  # never overlapping, and every(seconds=1) after each finish
+    assert max(gaps) < 2.0, gaps  # and no tick lost between workers: the count of a single runner
+    span = (rows[-1]["finished_at"] - rows[0]["started_at"]).total_seconds()
+    assert len(rows) == pytest.approx(span / 1.3 + 1, abs=2)
+    assert len(rows) >= 5
+
+
+async def test_a_killed_worker_is_replaced_after_the_lease_expires(
+    database_url: str, processes: Processes, events: None
+) -> None:
+    doomed = start_pool(processes, database_url, PIPELINE_SCHEDULE="hourly", PIPELINE_SLEEP="3600")
+    await eventually(lambda: _statuses_are(database_url, ["running"]), 30, "the first run starting")
+    os.kill(doomed.pid, signal.SIGKILL)
+    doomed.wait(timeout=10)
+    killed_at = time.monotonic()
+    replacement = start_pool(processes, database_url, PIPELINE_SCHEDULE="hourly", PIPELINE_SLEEP="0")
+    await eventually(lambda: _statuses_are(database_url, ["abandoned", "succeeded"]), 30, "the replacement run")
+    assert time.monotonic() - killed_at >= 1.0  # not before the 2 s lease ran out (minus start-up)
+    code, output = stop(replacement)
+    assert code == 0, output
+
+
+async def _statuses_are(url: str, expected: list[str]) -> bool:
+    return await run_statuses(url) == expected
+
+
+async def test_a_restarted_worker_keeps_the_error_counter_and_next_run(
+    database_url: str, processes: Processes, events: None
+) -> None:
+    port = free_port()
+    first = start_pool(processes, database_url, "--health-port", str(port), PIPELINE_FAIL="1", PIPELINE_BACKOFF="60")
+    await eventually(lambda: _statuses_are(database_url, ["failed"]), 30, "the first failure")
+    status, body = await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/ready")
+    assert status == 200 and body["pipelines"]["acceptance"]["consecutive_errors"] == 1
+    code, output = stop(first)
+    assert code == 0, output
+    before = (await fetch(database_url, "SELECT consecutive_errors, next_run_at FROM agora.schedules"))[0]
+
+    second = start_pool(processes, database_url, PIPELINE_FAIL="1", PIPELINE_BACKOFF="60")
+    await asyncio.sleep(2.5)
+    code, output = stop(second)
+    assert code == 0, output
+    after = (await fetch(database_url, "SELECT consecutive_errors, next_run_at FROM agora.schedules"))[0]
+    assert tuple(after) == tuple(before) and before["consecutive_errors"] == 1
+    assert await run_statuses(database_url) == ["failed"]  # the backoff was respected across the restart
+
+
+async def test_once_runs_once_across_restarts(database_url: str, processes: Processes, events: None) -> None:
+    first = start_pool(processes, database_url, PIPELINE_SCHEDULE="once")
+    await eventually(lambda: _statuses_are(database_url, ["succeeded"]), 30, "the single run")
+    stop(first)
+    second = start_pool(processes, database_url, PIPELINE_SCHEDULE="once")
+    await asyncio.sleep(2)
+    code, output = stop(second)
+    assert code == 0, output
+    assert await run_statuses(database_url) == ["succeeded"]
+    assert await scalar(database_url, "SELECT state FROM agora.schedules") == "completed"
+
+
+async def test_sigterm_mid_run_lets_the_run_finish_and_records_it(
+    database_url: str, processes: Processes, events: None
+) -> None:
+    worker = start_pool(processes, database_url, PIPELINE_SCHEDULE="hourly", PIPELINE_SLEEP="2")
+    await eventually(lambda: _statuses_are(database_url, ["running"]), 30, "the run starting")
+    code, output = stop(worker)
+    assert code == 0, output
+    assert await run_statuses(database_url) == ["succeeded"]
+    assert await scalar(database_url, "SELECT finished_at IS NOT NULL FROM public.pipeline_events")
+
+
+async def test_sigterm_past_the_grace_period_cancels_and_releases_the_run(
+    database_url: str, processes: Processes, events: None
+) -> None:
+    worker = start_pool(processes, database_url, PIPELINE_SCHEDULE="hourly", PIPELINE_SLEEP="600", POOL_GRACE="0.5")
+    await eventually(lambda: _statuses_are(database_url, ["running"]), 30, "the run starting")
+    code, output = stop(worker, timeout=20)
+    assert code == 0, output
+    assert await run_statuses(database_url) == ["cancelled"]
+    assert await scalar(database_url, "SELECT lease_owner IS NULL AND next_run_at <= now() FROM agora.schedules")
+
+
+async def test_max_consecutive_errors_ends_the_process_non_zero_then_ready_is_503(
+    database_url: str, processes: Processes, events: None
+) -> None:
+    env = dict(PIPELINE_FAIL="1", PIPELINE_BACKOFF="0.05", PIPELINE_MAX_ERRORS="3")
+    failing = start_pool(processes, database_url, **env)
+    output, _ = failing.communicate(timeout=60)
+    assert failing.returncode == 1
+    last_line = output.decode().strip().splitlines()[-1]
+    assert "pipeline 'acceptance' stopped after 3 consecutive errors: RuntimeError: source unavailable" in last_line
+    assert await run_statuses(database_url) == ["failed"] * 3
+
+    port = free_port()
+    restarted = start_pool(processes, database_url, "--health-port", str(port), **env)
+    base = f"http://127.0.0.1:{port}"
+
+    async def serving() -> bool:
+        try:
+            return (await asyncio.to_thread(http_get, base + "/health"))[0] == 200
+        except OSError:
+            return False
+
+    await eventually(serving, 30, "the health server answering")
+    status, body = await asyncio.to_thread(http_get, base + "/ready")
+    assert status == 503 and body["stopped_pipelines"] == ["acceptance"]
+    code, output = stop(restarted)
+    assert code == 0, output

@@ -1,0 +1,299 @@
+"""ScheduledPipeline and WorkerPool in this process, against a real database."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.error
+import urllib.request
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+import pytest
+
+from agora_pg.db.store import Store
+from agora_pg.runner import PipelineFailed, Schedule, ScheduledPipeline, WorkerPool
+from agora_pg.settings import Settings
+
+from .helpers import wait_until
+
+
+class Recorder:
+    """A factory that counts calls; its pipelines fail while ``failures`` > 0."""
+
+    def __init__(self, failures: int = 0, sleep: float = 0.0) -> None:
+        self.calls = 0
+        self.closed = 0
+        self.failures = failures
+        self.sleep = sleep
+
+    async def __call__(self) -> Recorder.Pipeline:
+        self.calls += 1
+        return Recorder.Pipeline(self)
+
+    class Pipeline:
+        def __init__(self, owner: Recorder) -> None:
+            self.owner = owner
+
+        async def run(self) -> None:
+            await asyncio.sleep(self.owner.sleep)
+            if self.owner.failures > 0:
+                self.owner.failures -= 1
+                raise RuntimeError(f"boom {self.owner.calls}")
+
+        async def close(self) -> None:
+            self.owner.closed += 1
+
+
+async def serve_until(pipeline: ScheduledPipeline, store: Store, settings: Settings, condition: Any, worker: str = "w1") -> None:
+    task = asyncio.create_task(pipeline.serve(store, worker, settings))
+    try:
+        await wait_until(condition, timeout=15)
+    finally:
+        pipeline.stop()
+        await asyncio.wait_for(task, 15)
+
+
+async def runs(store: Store, pipeline_id: str) -> list[asyncpg.Record]:
+    async with store.connection() as connection:
+        return await connection.fetch(
+            "SELECT status, error_message, scheduled_for, started_at, finished_at, worker_id FROM agora.runs "
+            "WHERE pipeline_id = $1 ORDER BY id",
+            pipeline_id,
+        )
+
+
+async def test_every_runs_at_once_then_waits_the_interval_after_finishing(store: Store, settings: Settings) -> None:
+    factory = Recorder()
+    pipeline = ScheduledPipeline(factory=factory, schedule=Schedule.every(hours=1), pipeline_id="hourly")
+
+    async def ran() -> bool:
+        return factory.closed == 1
+
+    await serve_until(pipeline, store, settings, ran)
+    [run] = await runs(store, "hourly")
+    assert run["status"] == "succeeded" and run["worker_id"] == "w1"
+    row = await store.get_schedule("hourly")
+    assert row is not None
+    assert (row.state, row.consecutive_errors, row.lease_owner) == ("active", 0, None)
+    assert row.last_finished_at is not None and row.next_run_at is not None
+    assert abs((row.next_run_at - row.last_finished_at).total_seconds() - 3600) < 2
+
+    # a restarted worker in the middle of the interval waits out the rest of it
+    restarted = Recorder()
+    again = ScheduledPipeline(factory=restarted, schedule=Schedule.every(hours=1), pipeline_id="hourly")
+    task = asyncio.create_task(again.serve(store, "w2", settings))
+    await asyncio.sleep(1.0)
+    again.stop()
+    await asyncio.wait_for(task, 10)
+    assert restarted.calls == 0
+    assert (await store.get_schedule("hourly")).next_run_at == row.next_run_at  # type: ignore[union-attr]
+
+
+async def test_failures_back_off_and_the_counter_survives_a_restart(store: Store, settings: Settings) -> None:
+    factory = Recorder(failures=10)
+    first = ScheduledPipeline(factory, Schedule.every(seconds=1), "flaky", error_backoff_seconds=0.05, max_consecutive_errors=5)
+
+    async def two_failures() -> bool:
+        row = await store.get_schedule("flaky")
+        return row is not None and row.consecutive_errors >= 2
+
+    await serve_until(first, store, settings, two_failures)
+    failed_so_far = (await store.get_schedule("flaky")).consecutive_errors  # type: ignore[union-attr]
+
+    second = ScheduledPipeline(factory, Schedule.every(seconds=1), "flaky", error_backoff_seconds=0.05, max_consecutive_errors=5)
+    with pytest.raises(RuntimeError, match="boom"):
+        await asyncio.wait_for(second.serve(store, "w2", settings), 20)
+    row = await store.get_schedule("flaky")
+    assert row is not None
+    assert (row.state, row.consecutive_errors) == ("stopped", 5)
+    assert row.last_error is not None and row.last_error.startswith("RuntimeError: boom")
+    assert factory.calls == 5 and factory.closed == 5  # close runs after failures too
+    statuses = [run["status"] for run in await runs(store, "flaky")]
+    assert statuses == ["failed"] * 5
+    assert failed_so_far >= 2
+
+
+async def test_backoff_delay_is_recorded_in_next_run_at(store: Store, settings: Settings) -> None:
+    factory = Recorder(failures=1)
+    pipeline = ScheduledPipeline(factory, Schedule.every(seconds=1), "slow_retry", error_backoff_seconds=60)
+
+    async def failed_once() -> bool:
+        row = await store.get_schedule("slow_retry")
+        return row is not None and row.consecutive_errors == 1
+
+    await serve_until(pipeline, store, settings, failed_once)
+    row = await store.get_schedule("slow_retry")
+    assert row is not None and row.next_run_at is not None and row.last_finished_at is not None
+    assert 59 <= (row.next_run_at - row.last_finished_at).total_seconds() <= 61
+
+
+async def test_success_resets_the_error_counter(store: Store, settings: Settings) -> None:
+    factory = Recorder(failures=2)
+    pipeline = ScheduledPipeline(factory, Schedule.every(hours=1), "recovers", error_backoff_seconds=0.01)
+
+    async def succeeded() -> bool:
+        row = await store.get_schedule("recovers")
+        return row is not None and row.last_status == "succeeded"
+
+    await serve_until(pipeline, store, settings, succeeded)
+    assert (await store.get_schedule("recovers")).consecutive_errors == 0  # type: ignore[union-attr]
+    assert [run["status"] for run in await runs(store, "recovers")] == ["failed", "failed", "succeeded"]
+
+
+async def test_once_runs_exactly_once_across_restarts(store: Store, settings: Settings) -> None:
+    factory = Recorder()
+    await asyncio.wait_for(ScheduledPipeline(factory, Schedule.once(), "backfill").serve(store, "w1", settings), 10)
+    await asyncio.wait_for(ScheduledPipeline(factory, Schedule.once(), "backfill").serve(store, "w2", settings), 10)
+    assert factory.calls == 1
+    assert (await store.get_schedule("backfill")).state == "completed"  # type: ignore[union-attr]
+    assert [run["status"] for run in await runs(store, "backfill")] == ["succeeded"]
+
+
+async def test_changed_schedule_replaces_the_old_one(store: Store, settings: Settings) -> None:
+    factory = Recorder()
+    await serve_until(ScheduledPipeline(factory, Schedule.every(seconds=5), "report"), store, settings, lambda: _called(factory))
+    new = Schedule.cron("0 3 1 1 *", timezone="Europe/Berlin")
+    await serve_once_registered(ScheduledPipeline(factory, new, "report"), store, settings)
+    row = await store.get_schedule("report")
+    assert row is not None and row.schedule_spec == "cron 0 3 1 1 * Europe/Berlin"
+    assert row.next_run_at is not None and row.next_run_at.astimezone(UTC).month == 1
+    async with store.connection() as connection:  # even when due, the old schedule's workers do not run it
+        await connection.execute("UPDATE agora.schedules SET next_run_at = now() - interval '1 minute'")
+    assert await store.claim_pipeline_run("report", Schedule.every(seconds=5).spec, "old", 30) is None
+    assert await store.claim_pipeline_run("report", new.spec, "new", 30) is not None
+
+
+async def _called(factory: Recorder) -> bool:
+    return factory.calls >= 1
+
+
+async def serve_once_registered(pipeline: ScheduledPipeline, store: Store, settings: Settings) -> None:
+    task = asyncio.create_task(pipeline.serve(store, "w-new", settings))
+    await wait_until(lambda: _spec_is(store, pipeline), timeout=10)
+    pipeline.stop()
+    await asyncio.wait_for(task, 10)
+
+
+async def _spec_is(store: Store, pipeline: ScheduledPipeline) -> bool:
+    row = await store.get_schedule(pipeline.pipeline_id)
+    return row is not None and row.schedule_spec == pipeline.schedule.spec
+
+
+async def test_missed_cron_ticks_run_once_not_once_per_tick(store: Store, settings: Settings) -> None:
+    factory = Recorder()
+    schedule = Schedule.cron("* * * * *")
+    pipeline = ScheduledPipeline(factory, schedule, "minutely")
+    await serve_once_registered(pipeline, store, settings)
+    async with store.connection() as connection:  # every worker was down for a day
+        await connection.execute("UPDATE agora.schedules SET next_run_at = now() - interval '1 day'")
+    await serve_until(ScheduledPipeline(factory, schedule, "minutely"), store, settings, lambda: _called(factory))
+    await asyncio.sleep(0.5)
+    assert factory.calls == 1
+    row = await store.get_schedule("minutely")
+    assert row is not None and row.next_run_at is not None
+    assert row.next_run_at > datetime.now(UTC)
+
+
+async def test_lost_lease_is_taken_over_and_the_late_finish_is_fenced(store: Store) -> None:
+    spec = Schedule.every(seconds=1).spec
+    from agora_pg.db.schedule_rows import RunFinish, ScheduleRegistration
+
+    await store.upsert_schedule(ScheduleRegistration("p", "every", spec, datetime.now(UTC), 60, 10))
+    first = await store.claim_pipeline_run("p", spec, "ghost", 30)
+    assert first is not None
+    assert await store.claim_pipeline_run("p", spec, "other", 30) is None  # leased: no overlap
+    async with store.connection() as connection:
+        await connection.execute("UPDATE agora.schedules SET lease_expires_at = now() - interval '1 second'")
+    second = await store.claim_pipeline_run("p", spec, "other", 30)
+    assert second is not None and second.run_id != first.run_id
+    assert second.scheduled_for > first.scheduled_for
+    late = RunFinish("p", "ghost", first.run_id, "succeeded", None, None, 0, datetime.now(UTC), "active")
+    assert await store.finish_pipeline_run(late) is False
+    statuses = {run["worker_id"]: run["status"] for run in await runs(store, "p")}
+    assert statuses == {"ghost": "abandoned", "other": "running"}
+
+
+async def test_the_same_tick_cannot_be_recorded_twice(store: Store) -> None:
+    when = datetime.now(UTC)
+    async with store.connection() as connection:
+        insert = "INSERT INTO agora.runs (pipeline_id, status, scheduled_for) VALUES ('p', 'succeeded', $1)"
+        await connection.execute(insert, when)
+        with pytest.raises(asyncpg.UniqueViolationError):
+            await connection.execute(insert, when)
+
+
+async def test_a_cancelled_run_is_recorded_and_released(store: Store, settings: Settings) -> None:
+    factory = Recorder(sleep=60)
+    pipeline = ScheduledPipeline(factory, Schedule.every(hours=1), "long")
+    task = asyncio.create_task(pipeline.serve(store, "w1", settings))
+    await wait_until(lambda: _called(factory), timeout=10)
+    await asyncio.sleep(0.1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    [run] = await runs(store, "long")
+    assert run["status"] == "cancelled"
+    row = await store.get_schedule("long")
+    assert row is not None and row.lease_owner is None
+    assert row.next_run_at is not None and row.next_run_at <= datetime.now(UTC)  # another worker may take it at once
+
+
+async def http_get(url: str) -> tuple[int, dict[str, Any]]:
+    def get() -> tuple[int, dict[str, Any]]:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read())
+
+    return await asyncio.to_thread(get)
+
+
+async def test_pool_health_answers_200_then_503_once_a_pipeline_stopped(store: Store, settings: Settings) -> None:
+    failing = Recorder(failures=100)
+
+    def pool() -> WorkerPool:
+        return WorkerPool(health_port=0, settings=settings).register(
+            ScheduledPipeline(failing, Schedule.every(seconds=1), "doomed", error_backoff_seconds=0.01, max_consecutive_errors=2)
+        ).register(ScheduledPipeline(Recorder(), Schedule.every(hours=1), "fine"))
+
+    first = pool()
+    with pytest.raises(PipelineFailed, match="pipeline 'doomed' stopped after 2 consecutive errors: RuntimeError: boom"):
+        await asyncio.wait_for(first.run(handle_signals=False), 20)
+
+    second = pool()  # after a restart the stopped pipeline stays stopped until resumed
+    task = asyncio.create_task(second.run(handle_signals=False))
+    await wait_until(lambda: _serving(second), timeout=10)
+    assert second.health is not None
+    base = f"http://127.0.0.1:{second.health.port}"
+    live_status, live = await http_get(base + "/health")
+    ready_status, ready = await http_get(base + "/ready")
+    assert live_status == 200 and set(live["pipelines"]) == {"doomed", "fine"}
+    assert ready_status == 503 and ready["stopped_pipelines"] == ["doomed"] and ready["database"] == "ok"
+    assert ready["pipelines"]["doomed"]["consecutive_errors"] == 2
+    assert (await http_get(base + "/nope"))[0] == 404
+    second.stop()
+    await asyncio.wait_for(task, 15)
+    assert failing.calls == 2
+
+
+async def _serving(pool: WorkerPool) -> bool:
+    return pool.health is not None and all(p.status.state != "starting" for p in pool.pipelines)
+
+
+async def test_pool_health_ready_200_when_all_is_well(store: Store, settings: Settings) -> None:
+    pool = WorkerPool(health_port=0, settings=settings).register(
+        ScheduledPipeline(Recorder(), Schedule.every(hours=1), "fine")
+    )
+    task = asyncio.create_task(pool.run(handle_signals=False))
+    try:
+        await wait_until(lambda: _serving(pool), timeout=10)
+        assert pool.health is not None
+        status, body = await http_get(f"http://127.0.0.1:{pool.health.port}/ready")
+        assert status == 200 and body["status"] == "ready"
+        assert body["pipelines"]["fine"]["state"] == "active"
+    finally:
+        pool.stop()
+        await asyncio.wait_for(task, 15)
