@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -29,7 +31,7 @@ from agora_pg.db import migrate
 from agora_pg.db.connect import Database, resolve_database
 from agora_pg.db.store import Store
 from agora_pg.job_spec import JobSpec
-from agora_pg.settings import load_settings
+from agora_pg.settings import Settings, load_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -46,15 +48,26 @@ async def enqueue(store: Store, jobs: int) -> float:
     return time.perf_counter() - started
 
 
-async def drain_once(server: Database, jobs: int, concurrency: int) -> dict[str, float]:
-    name = f"agora_bench_{uuid.uuid4().hex[:8]}"
-    admin = await asyncpg.connect(server.asyncpg_url)
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    database = database_named(server, name)
-    store = Store.open(database)
-    process: subprocess.Popen[bytes] | None = None
-    try:
-        await migrate.upgrade(store)
+@contextlib.asynccontextmanager
+async def scratch_database(settings: Settings) -> AsyncIterator[tuple[Database, Store]]:
+    """A new, migrated database on the configured server; dropped afterwards."""
+    async with resolve_database(settings) as server:
+        name = f"agora_bench_{uuid.uuid4().hex[:8]}"
+        admin = await asyncpg.connect(server.asyncpg_url)
+        await admin.execute(f'CREATE DATABASE "{name}"')
+        database = database_named(server, name)
+        store = Store.open(database)
+        try:
+            await migrate.upgrade(store)
+            yield database, store
+        finally:
+            await store.close()
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            await admin.close()
+
+
+async def drain_once(settings: Settings, jobs: int, concurrency: int) -> dict[str, float]:
+    async with scratch_database(settings) as (database, store):
         enqueue_seconds = await enqueue(store, jobs)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("WORKER_", "AGORA_PG_"))}
         env.update(AGORA_PG_DATABASE_URL=database.url, AGORA_PG_LOG_LEVEL="WARNING")
@@ -64,29 +77,23 @@ async def drain_once(server: Database, jobs: int, concurrency: int) -> dict[str,
              "--concurrency", str(concurrency)],
             cwd=ROOT, env=env,
         )
-        async with store.connection() as connection:
-            while await connection.fetchval("SELECT count(*) FROM agora.jobs WHERE status = 'done'") < jobs:
-                if process.poll() is not None:
-                    raise RuntimeError(f"worker exited with {process.returncode}")
-                if time.perf_counter() - started > 600:
-                    raise RuntimeError("drain did not finish within 600 s")
-                await asyncio.sleep(0.05)
-            wall = time.perf_counter() - started
-            span = await connection.fetchval(
-                "SELECT extract(epoch FROM max(finished_at) - min(finished_at)) FROM agora.runs"
-            )
-        return {
-            "enqueue_per_s": jobs / enqueue_seconds,
-            "drain_per_s": jobs / float(span),
-            "wall_s": wall,
-        }
-    finally:
-        if process is not None and process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            process.wait(timeout=60)
-        await store.close()
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
+        try:
+            async with store.connection() as connection:
+                while await connection.fetchval("SELECT count(*) FROM agora.jobs WHERE status = 'done'") < jobs:
+                    if process.poll() is not None:
+                        raise RuntimeError(f"worker exited with {process.returncode}")
+                    if time.perf_counter() - started > 600:
+                        raise RuntimeError("drain did not finish within 600 s")
+                    await asyncio.sleep(0.05)
+                wall = time.perf_counter() - started
+                span = await connection.fetchval(
+                    "SELECT extract(epoch FROM max(finished_at) - min(finished_at)) FROM agora.runs"
+                )
+        finally:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                process.wait(timeout=60)
+        return {"enqueue_per_s": jobs / enqueue_seconds, "drain_per_s": jobs / float(span), "wall_s": wall}
 
 
 async def main() -> None:
@@ -107,7 +114,7 @@ async def main() -> None:
         print("| jobs | concurrency | drain jobs/s (first to last completion) | wall s (incl. start-up) | batch enqueue jobs/s |")
         print("|---:|---:|---:|---:|---:|")
         for concurrency in args.concurrency:
-            result = await drain_once(server, args.jobs, concurrency)
+            result = await drain_once(settings.replace(database_url=server.url), args.jobs, concurrency)
             print(
                 f"| {args.jobs} | {concurrency} | {result['drain_per_s']:,.0f} | {result['wall_s']:.2f} "
                 f"| {result['enqueue_per_s']:,.0f} |",

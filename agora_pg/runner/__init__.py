@@ -2,7 +2,7 @@
 
 from agora_pg.runner.health import HealthServer
 from agora_pg.runner.scheduled_pipeline import PipelineStatus, ScheduledPipeline
-from agora_pg.runner.worker_pool import PipelineFailed, WorkerPool
+from agora_pg.runner.worker_pool import JobWorkerStopped, PipelineFailed, WorkerPool
 from agora_pg.schedules import Schedule
 
-__all__ = ["HealthServer", "PipelineFailed", "PipelineStatus", "Schedule", "ScheduledPipeline", "WorkerPool"]
+__all__ = ["HealthServer", "JobWorkerStopped", "PipelineFailed", "PipelineStatus", "Schedule", "ScheduledPipeline", "WorkerPool"]

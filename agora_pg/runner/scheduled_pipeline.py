@@ -33,6 +33,7 @@ log = logging.getLogger("agora_pg.runner")
 
 MAX_IDLE_WAIT = 30.0  # an idle pipeline looks at its row at least this often
 LEASE_RACE_WAIT = 0.05  # another worker is claiming right now: look again shortly
+RELEASE_TIMEOUT = 5.0  # how long a cancelled run may take to give its lease back
 
 
 class Runnable(Protocol):
@@ -266,8 +267,13 @@ class _PipelineRunner:
         )
 
     async def _release(self, claimed: ClaimedRun) -> None:
-        with contextlib.suppress(DatabaseUnavailable):
-            await self.store.release_pipeline_run(self.pipeline.pipeline_id, self.worker_id, claimed.run_id)
+        """Record the cancelled run and free the lease; bounded, since the process is stopping
+        (if the database does not answer in time, the lease simply expires)."""
+        with contextlib.suppress(DatabaseUnavailable, TimeoutError):
+            await asyncio.wait_for(
+                self.store.release_pipeline_run(self.pipeline.pipeline_id, self.worker_id, claimed.run_id),
+                RELEASE_TIMEOUT,
+            )
             log.warning("pipeline %s: run cancelled at shutdown and released", self.pipeline.pipeline_id)
 
     async def _renew_lease(self) -> None:

@@ -40,6 +40,10 @@ class PipelineFailed(AgoraError):
         self.error = error
 
 
+class JobWorkerStopped(AgoraError):
+    """The pool's job worker ended without being asked to; the pool shut down."""
+
+
 class WorkerPool:
     """Runs every registered ScheduledPipeline, and a job ``Worker`` if one is
     registered, as concurrent asyncio tasks. ``health_port`` starts a
@@ -94,7 +98,8 @@ class WorkerPool:
         self.stop()
 
     async def run(self, *, handle_signals: bool = True) -> None:
-        """Run until shutdown; raises ``PipelineFailed`` if a pipeline stopped for errors."""
+        """Run until shutdown; raises ``PipelineFailed`` if a pipeline stopped for errors
+        (or ``JobWorkerStopped`` if the job worker ended on its own)."""
         settings = self.settings or load_settings(os.environ)
         if self.job_worker is not None:
             settings = self.job_worker.effective_settings()
@@ -122,7 +127,7 @@ class WorkerPool:
         if self.health_port is not None:
             self.health = HealthServer(self.health_port, self._live, self._ready)
             await self.health.start()
-        failure: PipelineFailed | None = None
+        failure: AgoraError | None = None
         try:
             failure = await self._watch(tasks)
             await self._shut_down(tasks)
@@ -133,9 +138,9 @@ class WorkerPool:
             log.error("%s", failure)
             raise failure
 
-    async def _watch(self, tasks: dict[asyncio.Task[Any], str]) -> PipelineFailed | None:
+    async def _watch(self, tasks: dict[asyncio.Task[Any], str]) -> AgoraError | None:
         """Wait for a shutdown signal, the end of every task, or a terminal error."""
-        failure: PipelineFailed | None = None
+        failure: AgoraError | None = None
         stopper: asyncio.Task[Any] = asyncio.create_task(self._stopping.wait())
         pending: set[asyncio.Task[Any]] = set(tasks)
         try:
@@ -143,22 +148,25 @@ class WorkerPool:
                 done, pending = await asyncio.wait(pending | {stopper}, return_when=asyncio.FIRST_COMPLETED)
                 pending.discard(stopper)
                 for task in done - {stopper}:
-                    if task.cancelled() or task.exception() is None:
-                        continue
-                    error = task.exception()
-                    assert error is not None
-                    name = tasks[task]
-                    pipeline = next((p for p in self.pipelines if p.pipeline_id == name), None)
-                    if pipeline is not None:
-                        failure = PipelineFailed(name, pipeline.status.consecutive_errors, error)
-                        log.error("pipeline %s reached max_consecutive_errors; shutting the pool down", name)
-                    else:
-                        log.error("the job worker crashed; shutting the pool down", exc_info=error)
-                        failure = failure or PipelineFailed(name, 0, error)
+                    failure = self._terminal_error(tasks[task], task) or failure
+                if failure is not None:
                     self.stop()
         finally:
             stopper.cancel()
         return failure
+
+    def _terminal_error(self, name: str, task: asyncio.Task[Any]) -> AgoraError | None:
+        error = None if task.cancelled() else task.exception()
+        if name == "jobs":
+            if self._stopping.is_set():
+                return None
+            log.error("the job worker stopped unexpectedly; shutting the pool down", exc_info=error)
+            return JobWorkerStopped(f"the job worker stopped unexpectedly: {error!r}")
+        if error is None:
+            return None  # a once pipeline that completed
+        pipeline = next(p for p in self.pipelines if p.pipeline_id == name)
+        log.error("pipeline %s reached max_consecutive_errors; shutting the pool down", name)
+        return PipelineFailed(name, pipeline.status.consecutive_errors, error)
 
     async def _shut_down(self, tasks: dict[asyncio.Task[Any], str]) -> None:
         self.stop()

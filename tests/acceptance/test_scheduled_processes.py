@@ -186,3 +186,17 @@ async def test_max_consecutive_errors_ends_the_process_non_zero_then_ready_is_50
     assert status == 503 and body["stopped_pipelines"] == ["acceptance"]
     code, output = stop(restarted)
     assert code == 0, output
+
+
+async def test_a_second_sigint_cancels_at_once(database_url: str, processes: Processes, events: None) -> None:
+    worker = start_pool(processes, database_url, PIPELINE_SCHEDULE="hourly", PIPELINE_SLEEP="600", POOL_GRACE="120")
+    await eventually(lambda: _statuses_are(database_url, ["running"]), 30, "the run starting")
+    os.kill(worker.pid, signal.SIGINT)
+    await asyncio.sleep(0.5)
+    assert worker.poll() is None  # the first Ctrl+C waits for the run
+    started = time.monotonic()
+    os.kill(worker.pid, signal.SIGINT)
+    output, _ = worker.communicate(timeout=20)
+    assert worker.returncode == 0, output.decode()
+    assert time.monotonic() - started < 10
+    assert await run_statuses(database_url) == ["cancelled"]

@@ -297,3 +297,34 @@ async def test_pool_health_ready_200_when_all_is_well(store: Store, settings: Se
     finally:
         pool.stop()
         await asyncio.wait_for(task, 15)
+
+
+async def test_standalone_once_start_uses_the_environment_database(
+    database_url: str, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the seed's one-shot sample: ScheduledPipeline(..., Schedule.once(), ...); await scheduled.start()
+    monkeypatch.setenv("AGORA_PG_DATABASE_URL", database_url)
+    factory = Recorder()
+    scheduled = ScheduledPipeline(factory=factory, schedule=Schedule.once(), pipeline_id="backfill_2024")
+    await asyncio.wait_for(scheduled.start(), 20)
+    assert factory.calls == 1
+    assert [run["status"] for run in await runs(store, "backfill_2024")] == ["succeeded"]
+
+
+async def test_pool_stops_when_its_job_worker_cannot_start(store: Store, settings: Settings) -> None:
+    import contextlib
+    from collections.abc import AsyncIterator
+
+    from agora_pg import Worker
+    from agora_pg.runner import JobWorkerStopped
+
+    @contextlib.asynccontextmanager
+    async def broken_lifespan() -> AsyncIterator[None]:
+        raise ConnectionError("mail server unreachable")
+        yield  # pragma: no cover
+
+    factory = Recorder()
+    pool = WorkerPool(settings=settings).register(Worker({}, lifespan=broken_lifespan, settings=settings))
+    pool.register(ScheduledPipeline(factory, Schedule.every(hours=1), "beside"))
+    with pytest.raises(JobWorkerStopped, match="mail server unreachable"):
+        await asyncio.wait_for(pool.run(handle_signals=False), 15)

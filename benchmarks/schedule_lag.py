@@ -1,0 +1,67 @@
+"""Schedule lag: N `Schedule.every(seconds=1)` no-op pipelines on one `agora-pg worker` process.
+
+    python -m benchmarks.schedule_lag [--pipelines 200] [--seconds 30] [--database-url URL]
+
+Lag is how late a run starts: agora.runs.started_at - agora.runs.scheduled_for,
+over every run but each pipeline's first (whose due time is the registration).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+
+from agora_pg.settings import Settings, load_settings
+from benchmarks.drain import ROOT, scratch_database
+
+
+async def measure(settings: Settings, pipelines: int, seconds: float) -> None:
+    async with scratch_database(settings) as (database, store):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("WORKER_", "AGORA_PG_"))}
+        env.update(AGORA_PG_DATABASE_URL=database.url, AGORA_PG_LOG_LEVEL="WARNING", BENCH_PIPELINES=str(pipelines))
+        process = subprocess.Popen(
+            [sys.executable, "-m", "agora_pg.cli", "worker", "--module", "benchmarks.schedule_worker"], cwd=ROOT, env=env
+        )
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=60)
+        async with store.connection() as connection:
+            row = await connection.fetchrow(
+                """
+                WITH numbered AS (
+                    SELECT extract(epoch FROM started_at - scheduled_for) * 1000 AS lag_ms,
+                           row_number() OVER (PARTITION BY pipeline_id ORDER BY scheduled_for) AS n
+                    FROM agora.runs WHERE pipeline_id IS NOT NULL AND status = 'succeeded'
+                )
+                SELECT count(*) AS runs,
+                       percentile_cont(0.5) WITHIN GROUP (ORDER BY lag_ms) AS p50,
+                       percentile_cont(0.99) WITHIN GROUP (ORDER BY lag_ms) AS p99,
+                       max(lag_ms) AS max
+                FROM numbered WHERE n > 1
+                """
+            )
+        print(f"| {pipelines} | {seconds:.0f} | {row['runs']} | {row['p50']:.1f} | {row['p99']:.1f} | {row['max']:.1f} |")
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pipelines", type=int, default=200)
+    parser.add_argument("--seconds", type=float, default=30)
+    parser.add_argument("--database-url")
+    args = parser.parse_args()
+    settings = load_settings(os.environ)
+    if args.database_url:
+        settings = settings.replace(database_url=args.database_url)
+    print("| pipelines | seconds | runs measured | lag p50 ms | lag p99 ms | lag max ms |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    await measure(settings, args.pipelines, args.seconds)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
