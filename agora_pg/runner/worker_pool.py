@@ -33,9 +33,12 @@ TERMINAL_STATES = {"stopped"}
 class PipelineFailed(AgoraError):
     """A pipeline reached ``max_consecutive_errors``; the pool shut down because of it."""
 
-    def __init__(self, pipeline_id: str, consecutive_errors: int, error: BaseException) -> None:
+    def __init__(self, pipeline_id: str, consecutive_errors: int | None, error: BaseException) -> None:
         _type, message = describe_error(error)
-        super().__init__(f"pipeline {pipeline_id!r} stopped after {consecutive_errors} consecutive errors: {message}")
+        if consecutive_errors is None:  # not a pipeline error: agora-pg itself failed
+            super().__init__(f"pipeline {pipeline_id!r} crashed: {message}")
+        else:
+            super().__init__(f"pipeline {pipeline_id!r} stopped after {consecutive_errors} consecutive errors: {message}")
         self.pipeline_id = pipeline_id
         self.error = error
 
@@ -116,14 +119,12 @@ class WorkerPool:
 
     async def _serve(self, store: Store, settings: Settings) -> None:
         worker_id = self.job_worker.id if self.job_worker is not None else new_worker_id()
-        tasks: dict[asyncio.Task[Any], str] = {}
+        tasks: dict[asyncio.Task[Any], ScheduledPipeline | Worker] = {}
         for pipeline in self.pipelines:
-            tasks[asyncio.create_task(pipeline.serve(store, worker_id, settings), name=pipeline.pipeline_id)] = (
-                pipeline.pipeline_id
-            )
+            tasks[asyncio.create_task(pipeline.serve(store, worker_id, settings), name=pipeline.pipeline_id)] = pipeline
         if self.job_worker is not None:
             worker_settings = settings.replace(shutdown_timeout=self.graceful_shutdown_timeout)
-            tasks[asyncio.create_task(self.job_worker.serve(store, worker_settings), name="jobs")] = "jobs"
+            tasks[asyncio.create_task(self.job_worker.serve(store, worker_settings), name="jobs")] = self.job_worker
         if self.health_port is not None:
             self.health = HealthServer(self.health_port, self._live, self._ready)
             await self.health.start()
@@ -138,7 +139,7 @@ class WorkerPool:
             log.error("%s", failure)
             raise failure
 
-    async def _watch(self, tasks: dict[asyncio.Task[Any], str]) -> AgoraError | None:
+    async def _watch(self, tasks: dict[asyncio.Task[Any], ScheduledPipeline | Worker]) -> AgoraError | None:
         """Wait for a shutdown signal, the end of every task, or a terminal error."""
         failure: AgoraError | None = None
         stopper: asyncio.Task[Any] = asyncio.create_task(self._stopping.wait())
@@ -155,28 +156,30 @@ class WorkerPool:
             stopper.cancel()
         return failure
 
-    def _terminal_error(self, name: str, task: asyncio.Task[Any]) -> AgoraError | None:
+    def _terminal_error(self, owner: ScheduledPipeline | Worker, task: asyncio.Task[Any]) -> AgoraError | None:
         error = None if task.cancelled() else task.exception()
-        if name == "jobs":
+        if isinstance(owner, Worker):
             if self._stopping.is_set():
                 return None
             log.error("the job worker stopped unexpectedly; shutting the pool down", exc_info=error)
             return JobWorkerStopped(f"the job worker stopped unexpectedly: {error!r}")
         if error is None:
             return None  # a once pipeline that completed
-        pipeline = next(p for p in self.pipelines if p.pipeline_id == name)
-        log.error("pipeline %s reached max_consecutive_errors; shutting the pool down", name)
-        return PipelineFailed(name, pipeline.status.consecutive_errors, error)
+        if owner.status.state == "stopped":
+            log.error("pipeline %s reached max_consecutive_errors; shutting the pool down", owner.pipeline_id)
+            return PipelineFailed(owner.pipeline_id, owner.status.consecutive_errors, error)
+        log.error("pipeline %s crashed; shutting the pool down", owner.pipeline_id, exc_info=error)
+        return PipelineFailed(owner.pipeline_id, None, error)
 
-    async def _shut_down(self, tasks: dict[asyncio.Task[Any], str]) -> None:
+    async def _shut_down(self, tasks: dict[asyncio.Task[Any], ScheduledPipeline | Worker]) -> None:
         self.stop()
         pending = await wait_tasks_or_event(tasks, self._aborting, self.graceful_shutdown_timeout)
         if pending:
-            log.warning("graceful shutdown over; cancelling %s", sorted(tasks[task] for task in pending))
+            log.warning("graceful shutdown over; cancelling %s", sorted(task.get_name() for task in pending))
             if self.job_worker is not None:
                 self.job_worker.abort()  # it cancels and releases its own jobs
             for task in pending:
-                if tasks[task] != "jobs":
+                if not isinstance(tasks[task], Worker):
                     task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
