@@ -1,4 +1,7 @@
-"""BENCH_PIPELINES no-op pipelines on Schedule.every(seconds=1): `--module benchmarks.schedule_worker`."""
+"""BENCH_PIPELINES no-op pipelines: `--module benchmarks.schedule_worker`.
+
+BENCH_SCHEDULE=every1s (default) gives Schedule.every(seconds=1); cron gives Schedule.cron("* * * * *").
+"""
 
 import os
 
@@ -15,7 +18,8 @@ async def build() -> Noop:
 
 
 def get_worker() -> WorkerPool:
+    schedule = Schedule.cron("* * * * *") if os.environ.get("BENCH_SCHEDULE") == "cron" else Schedule.every(seconds=1)
     pool = WorkerPool()
     for index in range(int(os.environ.get("BENCH_PIPELINES", "200"))):
-        pool.register(ScheduledPipeline(factory=build, schedule=Schedule.every(seconds=1), pipeline_id=f"bench-{index}"))
+        pool.register(ScheduledPipeline(factory=build, schedule=schedule, pipeline_id=f"bench-{index}"))
     return pool

@@ -1,0 +1,105 @@
+"""The Markdown table and the PNG chart of a comparison run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+Results = dict[str, Any]
+
+
+def _fmt(value: Any, digits: int = 0) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, str):
+        return value
+    return f"{value:,.{digits}f}"
+
+
+def _ratio(ours: Any, theirs: Any, lower_is_better: bool = False) -> str:
+    if not isinstance(ours, int | float) or not isinstance(theirs, int | float) or not ours or not theirs:
+        return "n/a"
+    ratio = theirs / ours if lower_is_better else ours / theirs
+    return f"{ratio:.2f}x"
+
+
+def markdown(results: Results) -> str:
+    systems = results["systems"]  # key -> {"name", "describe", metrics...}
+    ours = systems.get("agora", {})
+    peers = [key for key in ("pgqueuer", "procrastinate") if key in systems]
+    raw = results.get("raw", {})
+    header = ["workload", "unit", ours.get("name", "agora-pg")] + [systems[k]["name"] for k in peers]
+    header += ["raw SQL limit"] + [f"agora-pg vs {systems[k]['name'].split()[0]}" for k in peers] + ["agora-pg vs raw"]
+    rows: list[list[str]] = []
+
+    def row(label: str, unit: str, metric: str, raw_value: Any = None, raw_label: str = "",
+            lower_is_better: bool = False, digits: int = 0) -> None:
+        mine = ours.get(metric)
+        cells = [label, unit, _fmt(mine, digits)] + [_fmt(systems[k].get(metric), digits) for k in peers]
+        cells.append(f"{_fmt(raw_value, digits)} ({raw_label})" if raw_value is not None else "n/a")
+        cells += [_ratio(mine, systems[k].get(metric), lower_is_better) for k in peers]
+        cells.append(_ratio(mine, raw_value, lower_is_better) if raw_value is not None else "n/a")
+        rows.append(cells)
+
+    row("1. enqueue, one call per job", "jobs/s", "enqueue_one_per_s", raw.get("insert_one_1c"), "pgbench insert one, 1 client")
+    row("1. enqueue, batch API", "jobs/s", "enqueue_batch_per_s", raw.get("copy_10000"), "COPY 10,000 rows")
+    for processes in results.get("processes", [1, 2, 4]):
+        row(f"2. drain {results['drain_jobs']:,} jobs, {processes} process(es)", "jobs/s", f"drain_{processes}p",
+            raw.get("claim_100_4c"), "claim+complete 100, 4 clients")
+    for percentile in ("p50", "p95", "p99"):
+        row(f"3. wake-up latency {percentile}", "ms (lower is better)", f"wakeup_{percentile}",
+            lower_is_better=True, digits=1)
+    for metric, label in (("lag_every_p50", "p50"), ("lag_every_p99", "p99")):
+        row(f"4. schedule lag, 200 every(seconds=1), {label}", "ms (lower is better)", metric,
+            lower_is_better=True, digits=1)
+    for metric, label in (("lag_cron_p50", "p50"), ("lag_cron_p99", "p99")):
+        row(f"4. schedule lag, 1,000 cron * * * * *, {label}", "ms (lower is better)", metric,
+            lower_is_better=True, digits=1)
+    row(f"5. drain, 1 process, {results.get('history', 0):,} finished jobs in history", "jobs/s",
+        "drain_grown_1p", ours.get("drain_1p"), "agora-pg on the empty table")
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in rows]
+    lines += ["", "Raw SQL limit (pgbench custom scripts on a plain jobs table; jobs/s):", "",
+              "| script | 1 client | 4 clients |", "|---|---:|---:|"]
+    for script, label in (("insert_one", "insert one job (one durable commit)"),
+                          ("claim_one", "claim one with SKIP LOCKED and complete it, one transaction"),
+                          ("claim_100", "claim 100 with SKIP LOCKED and complete them, one transaction")):
+        lines.append(f"| {label} | {_fmt(raw.get(f'{script}_1c'))} | {_fmt(raw.get(f'{script}_4c'))} |")
+    lines.append(f"| COPY of 10,000 rows | {_fmt(raw.get('copy_10000'))} | |")
+    lines += ["", "Settings of each system:", ""]
+    lines += [f"- {systems[k]['name']}: {systems[k]['describe']}" for k in ["agora", *peers] if k in systems]
+    if results.get("errors"):
+        lines += ["", "Errors:", ""] + [f"- {error}" for error in results["errors"]]
+    return "\n".join(lines) + "\n"
+
+
+def chart(results: Results, path: Path) -> bool:
+    """Drain rate against worker processes, one line per system; False without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    processes = results.get("processes", [1, 2, 4])
+    figure, axes = plt.subplots(figsize=(7, 4.5), dpi=110)
+    for key, system in results["systems"].items():
+        values = [system.get(f"drain_{p}p") for p in processes]
+        if all(isinstance(v, int | float) for v in values):
+            axes.plot(processes, values, marker="o", label=system["name"])
+    raw = results.get("raw", {})
+    for metric, label, style in (("claim_100_1c", "raw claim+complete 100, 1 client", ":"),
+                                 ("claim_100_4c", "raw claim+complete 100, 4 clients", "--")):
+        if metric in raw:
+            axes.axhline(raw[metric], linestyle=style, color="grey", label=label)
+    axes.set_xlabel("worker processes")
+    axes.set_ylabel("jobs/s (first to last completion)")
+    axes.set_xticks(processes)
+    axes.set_title(f"Drain of {results['drain_jobs']:,} no-op jobs")
+    axes.legend(fontsize=8)
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+    return True

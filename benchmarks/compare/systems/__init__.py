@@ -1,0 +1,1 @@
+"""One adapter per job system, all with the interface of ``base.System``."""

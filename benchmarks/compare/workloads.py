@@ -1,0 +1,66 @@
+"""The workloads, identical for every system."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import asyncpg
+
+from agora_pg.db.connect import Database
+from benchmarks.compare.processes import fresh_database, workers
+from benchmarks.compare.systems.base import System
+
+DRAIN_TIMEOUT = 900.0
+
+
+async def enqueue_rates(server: Database, system: System, count: int) -> dict[str, float]:
+    async with fresh_database(server, system, "enq1") as url:
+        one = await system.enqueue_one_by_one(url, count)
+    async with fresh_database(server, system, "enqb") as url:
+        batch = await system.enqueue_batch(url, count)
+    return {"enqueue_one_per_s": count / one, "enqueue_batch_per_s": count / batch}
+
+
+async def drain_rate(server: Database, system: System, jobs: int, processes: int, label: str = "drain",
+                     prepare: object = None) -> float:
+    """Jobs per second from the first to the last completion recorded by the system."""
+    async with fresh_database(server, system, label) as url:
+        if prepare is not None:
+            await prepare(url)  # type: ignore[operator]
+        await system.enqueue_batch(url, jobs)
+        with workers(system, url, "drain", processes) as started:
+            deadline = time.monotonic() + DRAIN_TIMEOUT
+            while await system.done_count(url) < jobs:
+                if any(p.poll() is not None for p in started):
+                    raise RuntimeError(f"{system.name}: a worker exited early")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{system.name}: drain of {jobs} did not finish in {DRAIN_TIMEOUT:.0f}s")
+                await asyncio.sleep(0.1)
+        return jobs / await system.completion_span_seconds(url)
+
+
+async def wakeup_latency(server: Database, system: System, jobs: int, per_second: float = 20.0) -> dict[str, float]:
+    """Enqueue-to-handler-start latency with one idle worker, jobs sent ~per_second."""
+    async with fresh_database(server, system, "lat") as url:
+        with workers(system, url, "latency", 1) as started:
+            await asyncio.sleep(3.0)  # start-up, then idle
+            async with system.latency_client(url) as enqueue:
+                for _ in range(jobs):
+                    await enqueue()
+                    await asyncio.sleep(1.0 / per_second)
+            connection = await asyncpg.connect(url)
+            try:
+                deadline = time.monotonic() + 60
+                while await connection.fetchval("SELECT count(*) FROM public.bench_latency") < jobs:
+                    if started[0].poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError(f"{system.name}: latency jobs did not all run")
+                    await asyncio.sleep(0.1)
+                row = await connection.fetchrow(
+                    "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY latency_ms) AS p50, "
+                    "percentile_cont(0.95) WITHIN GROUP (ORDER BY latency_ms) AS p95, "
+                    "percentile_cont(0.99) WITHIN GROUP (ORDER BY latency_ms) AS p99 FROM public.bench_latency"
+                )
+            finally:
+                await connection.close()
+    return {"p50": float(row["p50"]), "p95": float(row["p95"]), "p99": float(row["p99"])}

@@ -1,0 +1,35 @@
+"""The comparison harness runs end to end (tiny sizes, our system only; no timing asserted)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ..conftest import Server
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.acceptance
+
+
+def test_compare_harness_produces_a_table_for_agora(pg_server: Server, tmp_path: Path) -> None:
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("AGORA_PG_", "WORKER_"))}
+    command = [
+        sys.executable, "-m", "benchmarks.compare", "--database-url", pg_server.url("postgres"),
+        "--systems", "agora", "--skip", "schedules,grown,raw", "--jobs", "300", "--enqueue-jobs", "50",
+        "--processes", "1", "--latency-jobs", "5", "--out", str(tmp_path), "--no-chart",
+    ]
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    [folder] = list(tmp_path.iterdir())
+    results = json.loads((folder / "results.json").read_text())
+    assert results["errors"] == []
+    agora = results["systems"]["agora"]
+    for metric in ("enqueue_one_per_s", "enqueue_batch_per_s", "drain_1p", "wakeup_p50", "wakeup_p99"):
+        assert isinstance(agora[metric], float) and agora[metric] > 0, metric
+    table = (folder / "results.md").read_text()
+    assert "| 2. drain 300 jobs, 1 process(es) | jobs/s |" in table
