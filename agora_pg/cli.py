@@ -7,7 +7,8 @@ import asyncio
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
+from typing import Any
 from pathlib import Path
 
 from agora_pg.db import migrate as migrations
@@ -74,6 +75,17 @@ async def run_worker(module: str, queues: str | None, concurrency: int | None, h
     await pool.run()
 
 
+def run_event_loop(main_coroutine: Coroutine[Any, Any, None]) -> None:
+    """Run on uvloop when it is installed (the ``fast`` extra): the worker's hot path is
+    socket I/O and task switching, which uvloop does in C. Plain asyncio otherwise."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main_coroutine)
+    else:
+        uvloop.run(main_coroutine)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
@@ -85,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "migrate":
             asyncio.run(run_migrate())
         elif args.command == "worker":
-            asyncio.run(run_worker(args.module, args.queues, args.concurrency, args.health_port))
+            run_event_loop(run_worker(args.module, args.queues, args.concurrency, args.health_port))
     except ConfigError as error:
         print(f"agora-pg: {error}", file=sys.stderr)
         return EXIT_USAGE
