@@ -14,6 +14,9 @@ JOB_COLUMNS = (
     "max_retries, error_message, dedup_key, created_at, started_at, finished_at, locked_by, "
     "lease_expires_at, attempt"
 )
+# What an insert returns: the caller already holds the payload, so it is not sent back
+# (for 5,000-row batches, encoding and decoding it again was a fifth of the time).
+INSERTED_COLUMNS = JOB_COLUMNS.replace("payload::text AS payload, ", "")
 
 # -- enqueue -----------------------------------------------------------------
 
@@ -22,7 +25,7 @@ INSERT_JOB = f"""
 INSERT INTO agora.jobs (name, kind, queue, payload, priority, run_at, max_retries, dedup_key)
 VALUES ($1, $2, $3, $4::text::jsonb, $5, COALESCE($6::timestamptz, now()), $7, $8)
 ON CONFLICT (dedup_key) WHERE {ALIVE} DO NOTHING
-RETURNING {JOB_COLUMNS}
+RETURNING {INSERTED_COLUMNS}
 """
 
 # Insert many jobs in one statement, from parallel arrays, in array order.
@@ -33,7 +36,7 @@ FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int[], $6::times
             $7::int[], $8::text[])
      AS t(name, kind, queue, payload, priority, run_at, max_retries, dedup_key)
 ON CONFLICT (dedup_key) WHERE {ALIVE} DO NOTHING
-RETURNING {JOB_COLUMNS}
+RETURNING {INSERTED_COLUMNS}
 """
 
 # The live jobs holding these dedup keys.

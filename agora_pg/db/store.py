@@ -44,15 +44,19 @@ _CONNECTION_ERRORS = (
 )
 
 
-def row_to_job(row: Mapping[str, Any]) -> Job:
-    """Build a ``Job`` from a row selected with ``queries.JOB_COLUMNS``."""
+_STATUSES = {status.value: status for status in JobStatus}
+
+
+def row_to_job(row: Mapping[str, Any], payload: dict[str, Any] | None = None) -> Job:
+    """Build a ``Job`` from a row selected with ``queries.JOB_COLUMNS`` (or with
+    ``INSERTED_COLUMNS`` and the ``payload`` the caller inserted)."""
     return Job(
         id=row["id"],
         name=row["name"],
         kind=row["kind"],
         queue=row["queue"],
-        status=JobStatus(row["status"]),
-        payload=json.loads(row["payload"]),
+        status=_STATUSES[row["status"]],
+        payload=json.loads(row["payload"]) if payload is None else payload,
         priority=row["priority"],
         run_at=row["run_at"],
         retry_count=row["retry_count"],
@@ -437,32 +441,31 @@ def _caller_fetch(connection: CallerConnection) -> Fetch:
 
 async def _enqueue(fetch: Fetch, specs: Sequence[JobSpec]) -> list[tuple[Job, bool]]:
     if len(specs) == 1:
-        spec = specs[0]
-        rows = await fetch(queries.INSERT_JOB, *spec.as_row())
-        inserted = [row_to_job(row) for row in rows]
+        rows = list(await fetch(queries.INSERT_JOB, *specs[0].as_row()))
     else:
         columns = [list(column) for column in zip(*(spec.as_row() for spec in specs), strict=True)]
-        rows = await fetch(queries.INSERT_JOBS, *columns)
-        inserted = sorted((row_to_job(row) for row in rows), key=lambda job: job.id)
-    return await _match_inserted(fetch, specs, inserted)
+        rows = sorted(await fetch(queries.INSERT_JOBS, *columns), key=lambda row: row["id"])  # insertion order
+    return await _match_inserted(fetch, specs, rows)
 
 
 async def _match_inserted(
-    fetch: Fetch, specs: Sequence[JobSpec], inserted: list[Job]
+    fetch: Fetch, specs: Sequence[JobSpec], inserted: Sequence[Mapping[str, Any]]
 ) -> list[tuple[Job, bool]]:
     """Pair each spec with its job: the inserted one, or the live job its dedup_key hit."""
     results: list[tuple[Job, bool] | None] = [None] * len(specs)
-    by_key = {job.dedup_key: job for job in inserted if job.dedup_key is not None}
-    plain = iter(job for job in inserted if job.dedup_key is None)
+    by_key = {row["dedup_key"]: row for row in inserted if row["dedup_key"] is not None}
+    plain = iter(row for row in inserted if row["dedup_key"] is None)
     missing: list[int] = []
-    seen_keys: set[str] = set()
+    seen_keys: dict[str, Job] = {}
     for index, spec in enumerate(specs):
         if spec.dedup_key is None:
-            results[index] = (next(plain), True)
-        elif spec.dedup_key in by_key:
-            # The first spec of a key inserted it; later specs in the batch are its duplicates.
-            results[index] = (by_key[spec.dedup_key], spec.dedup_key not in seen_keys)
-            seen_keys.add(spec.dedup_key)
+            results[index] = (row_to_job(next(plain), spec.payload), True)
+        elif spec.dedup_key in seen_keys:  # a duplicate within this batch
+            results[index] = (seen_keys[spec.dedup_key], False)
+        elif spec.dedup_key in by_key:  # the first spec of a key inserted it
+            job = row_to_job(by_key[spec.dedup_key], spec.payload)
+            seen_keys[spec.dedup_key] = job
+            results[index] = (job, True)
         else:
             missing.append(index)
     if missing:

@@ -33,6 +33,9 @@ log = logging.getLogger("agora_pg.runner")
 
 MAX_IDLE_WAIT = 30.0  # an idle pipeline looks at its row at least this often
 LEASE_RACE_WAIT = 0.05  # another worker is claiming right now: look again shortly
+# Wake this long after a run is due, so that the database clock (which decides the claim)
+# has passed it too; waking a hair early would cost a failed claim and a second look.
+CLOCK_MARGIN = 0.001
 RELEASE_TIMEOUT = 5.0  # how long a cancelled run may take to give its lease back
 
 
@@ -192,7 +195,7 @@ class _PipelineRunner:
                 next_run_at = await self.run_once(claimed)
                 if next_run_at is None:
                     return  # a once schedule that succeeded
-                wait = (next_run_at - pipeline._clock()).total_seconds()
+                wait = (next_run_at - pipeline._clock()).total_seconds() + CLOCK_MARGIN
                 await wait_for_event(pipeline._stop, min(max(wait, 0.0), MAX_IDLE_WAIT))
                 continue
             row = await self._retrying(lambda: self.store.get_schedule(pipeline.pipeline_id))
@@ -210,7 +213,9 @@ class _PipelineRunner:
             return MAX_IDLE_WAIT
         if row.lease_owner is not None and row.lease_left_seconds is not None:
             return min(max(row.lease_left_seconds, LEASE_RACE_WAIT), MAX_IDLE_WAIT)
-        return min(max(row.due_in_seconds, LEASE_RACE_WAIT), MAX_IDLE_WAIT)
+        if row.due_in_seconds > 0:  # not due yet by the database clock
+            return min(row.due_in_seconds + CLOCK_MARGIN, MAX_IDLE_WAIT)
+        return LEASE_RACE_WAIT  # due and unleased: another worker is claiming it right now
 
     async def run_once(self, claimed: ClaimedRun) -> datetime | None:
         """Run the claimed tick, record it, and return the next run time.
