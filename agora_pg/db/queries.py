@@ -59,21 +59,44 @@ RETURNING {JOB_COLUMNS}
 
 # -- claiming and finishing --------------------------------------------------
 
-# Claim up to $2 due jobs of the queues $1 for worker $3, with a lease of $4 seconds.
-CLAIM_JOBS = f"""
-WITH next AS (
-    SELECT id FROM agora.jobs
-    WHERE ({CLAIMABLE}) AND queue = ANY($1::text[]) AND run_at <= now()
-    ORDER BY priority DESC, run_at, id
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-)
+_CLAIM_UPDATE = f"""
 UPDATE agora.jobs AS j
 SET status = 'processing', started_at = now(), finished_at = NULL, locked_by = $3,
     lease_expires_at = now() + make_interval(secs => $4), attempt = j.attempt + 1
 FROM next WHERE j.id = next.id
 RETURNING {", ".join("j." + c.strip() for c in JOB_COLUMNS.split(","))}
 """
+
+# Claim up to $2 due jobs of queue $1 for worker $3, with a lease of $4 seconds.
+# `queue = $1` (not `= ANY(...)`) lets the scan read jobs_claimable_idx in its order
+# and stop after $2 rows; with ANY, PostgreSQL fetches every due row and sorts them.
+CLAIM_JOBS = f"""
+WITH next AS (
+    SELECT id FROM agora.jobs
+    WHERE ({CLAIMABLE}) AND queue = $1 AND run_at <= now()
+    ORDER BY priority DESC, run_at, id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+{_CLAIM_UPDATE}"""
+
+# The same for several queues $1 (text[]): each queue's best due jobs, read and locked
+# in index order, then the best of those across queues. Rows locked but not chosen are
+# released when the statement ends (other workers skip them for that long).
+CLAIM_JOBS_FROM_QUEUES = f"""
+WITH next AS (
+    SELECT best.id FROM unnest($1::text[]) AS q(name)
+    CROSS JOIN LATERAL (
+        SELECT id, priority, run_at FROM agora.jobs
+        WHERE ({CLAIMABLE}) AND queue = q.name AND run_at <= now()
+        ORDER BY priority DESC, run_at, id
+        LIMIT $2
+        FOR UPDATE SKIP LOCKED
+    ) AS best
+    ORDER BY best.priority DESC, best.run_at, best.id
+    LIMIT $2
+)
+{_CLAIM_UPDATE}"""
 
 # Mark attempts (id, attempt) done and record their runs; returns the ids that were still theirs.
 COMPLETE_SUCCEEDED = """

@@ -258,7 +258,12 @@ class Store:
         self, queues: Sequence[str], limit: int, worker_id: str, lease_seconds: float
     ) -> list[Job]:
         """Claim up to ``limit`` due jobs, highest priority first."""
-        rows = await self._fetch(queries.CLAIM_JOBS, list(queues), limit, worker_id, float(lease_seconds))
+        if len(queues) == 1:
+            rows = await self._fetch(queries.CLAIM_JOBS, queues[0], limit, worker_id, float(lease_seconds))
+        else:
+            rows = await self._fetch(
+                queries.CLAIM_JOBS_FROM_QUEUES, list(queues), limit, worker_id, float(lease_seconds)
+            )
         jobs = [row_to_job(row) for row in rows]
         jobs.sort(key=lambda job: (-job.priority, job.run_at, job.id))
         return jobs

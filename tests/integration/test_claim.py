@@ -76,7 +76,7 @@ async def test_cancel_refuses_running_and_finished_jobs(queue: Queue, store: Sto
         await queue.cancel(999_999)
 
 
-async def test_claim_query_uses_the_partial_index(queue: Queue, store: Store) -> None:
+async def test_claim_queries_read_the_partial_index_in_order(queue: Queue, store: Store) -> None:
     async with store.connection() as connection:
         await connection.execute(
             """
@@ -85,11 +85,29 @@ async def test_claim_query_uses_the_partial_index(queue: Queue, store: Store) ->
             """
         )
         await connection.execute(
-            "INSERT INTO agora.jobs (name, kind) SELECT 'new', 'k' FROM generate_series(1, 200)"
+            "INSERT INTO agora.jobs (name, kind) SELECT 'new', 'k' FROM generate_series(1, 2000)"
         )
         await connection.execute("ANALYZE agora.jobs")
-        await connection.execute(f"PREPARE claim(text[], int, text, float8) AS {queries.CLAIM_JOBS}")
-        rows = await connection.fetch("EXPLAIN EXECUTE claim(ARRAY['default'], 10, 'w', 30)")
-        plan = "\n".join(row[0] for row in rows)
-    assert "jobs_claimable_idx" in plan, plan
-    assert "Seq Scan" not in plan, plan
+        await connection.execute(f"PREPARE one_queue(text, int, text, float8) AS {queries.CLAIM_JOBS}")
+        await connection.execute(
+            f"PREPARE many_queues(text[], int, text, float8) AS {queries.CLAIM_JOBS_FROM_QUEUES}"
+        )
+        single = "\n".join(r[0] for r in await connection.fetch("EXPLAIN EXECUTE one_queue('default', 10, 'w', 30)"))
+        many = "\n".join(
+            r[0] for r in await connection.fetch("EXPLAIN EXECUTE many_queues(ARRAY['default', 'x'], 10, 'w', 30)")
+        )
+    for plan in (single, many):
+        assert "jobs_claimable_idx" in plan, plan
+        assert "Seq Scan on jobs" not in plan, plan
+    # one queue: the index gives the order, so no sort of the backlog
+    assert "Sort" not in single, single
+
+
+async def test_claim_from_several_queues_takes_the_highest_priority_first(queue: Queue, store: Store) -> None:
+    await queue.enqueue("k", queue="mail", priority=1)
+    urgent = await queue.enqueue("k", queue="reports", priority=9)
+    await queue.enqueue("k", queue="mail", priority=5)
+    first = await store.claim_jobs(["mail", "reports"], 1, "w", 30)
+    assert [job.id for job in first] == [urgent.id]
+    rest = await store.claim_jobs(["mail", "reports"], 10, "w", 30)
+    assert [job.priority for job in rest] == [5, 1]
