@@ -111,3 +111,18 @@ async def test_claim_from_several_queues_takes_the_highest_priority_first(queue:
     assert [job.id for job in first] == [urgent.id]
     rest = await store.claim_jobs(["mail", "reports"], 10, "w", 30)
     assert [job.priority for job in rest] == [5, 1]
+
+
+async def test_completion_probes_the_primary_key_even_with_idle_statistics(queue: Queue, store: Store) -> None:
+    async with store.connection() as connection:
+        await connection.execute(
+            "INSERT INTO agora.jobs (name, kind, status, finished_at) SELECT 'old', 'k', 'done', now() "
+            "FROM generate_series(1, 20000)"
+        )
+        await connection.execute("ANALYZE agora.jobs")  # statistics say: nothing is processing
+        await connection.execute("SET plan_cache_mode = force_generic_plan")
+        await connection.execute(f"PREPARE done(bigint[], int[], text) AS {queries.COMPLETE_SUCCEEDED}")
+        plan = "\n".join(r[0] for r in await connection.fetch("EXPLAIN EXECUTE done('{1,2}', '{1,1}', 'w')"))
+        await connection.execute("RESET plan_cache_mode")
+    assert "Index Scan using jobs_pkey" in plan, plan
+    assert "jobs_lease_idx" not in plan, plan

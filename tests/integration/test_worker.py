@@ -228,6 +228,9 @@ async def test_lost_worker_job_is_rescued_and_its_late_outcome_is_fenced(queue: 
     assert (rescued.status, rescued.retry_count) == (JobStatus.FAILED, 1)
     assert rescued.error_message is not None and rescued.error_message.startswith("WorkerLost: worker ghost")
     assert await runs_of(store, job.id) == [(1, "abandoned", rescued.error_message)]
+    # the ghost's outcome cannot land on the rescued job either
+    assert await store.complete_succeeded([(ghost_claim.id, ghost_claim.attempt)], "ghost") == set()
+    assert (await store.get_job(job.id)).status is JobStatus.FAILED
 
     [second_claim] = await store.claim_jobs(["default"], 1, "alive", 30)
     assert second_claim.attempt == 2
