@@ -14,9 +14,10 @@ JOB_COLUMNS = (
     "max_retries, error_message, dedup_key, created_at, started_at, finished_at, locked_by, "
     "lease_expires_at, attempt"
 )
-# What an insert returns: the caller already holds the payload, so it is not sent back
-# (for 5,000-row batches, encoding and decoding it again was a fifth of the time).
-INSERTED_COLUMNS = JOB_COLUMNS.replace("payload::text AS payload, ", "")
+# What an insert returns: only what the database chose. Everything else is what the
+# caller just sent (for 5,000-row batches, sending all 18 columns back and decoding
+# them was a third of the time).
+INSERTED_COLUMNS = "id, run_at, created_at, dedup_key"
 
 # -- enqueue -----------------------------------------------------------------
 

@@ -47,16 +47,39 @@ _CONNECTION_ERRORS = (
 _STATUSES = {status.value: status for status in JobStatus}
 
 
-def row_to_job(row: Mapping[str, Any], payload: dict[str, Any] | None = None) -> Job:
-    """Build a ``Job`` from a row selected with ``queries.JOB_COLUMNS`` (or with
-    ``INSERTED_COLUMNS`` and the ``payload`` the caller inserted)."""
+def inserted_job(row: Mapping[str, Any], spec: JobSpec) -> Job:
+    """The ``Job`` a spec became, from the ``queries.INSERTED_COLUMNS`` of its row."""
+    return Job(
+        id=row["id"],
+        name=spec.name if spec.name is not None else spec.kind,
+        kind=spec.kind,
+        queue=spec.queue,
+        status=JobStatus.PENDING,
+        payload=spec.payload,
+        priority=spec.priority,
+        run_at=row["run_at"],
+        retry_count=0,
+        max_retries=spec.max_retries,
+        error_message=None,
+        dedup_key=spec.dedup_key,
+        created_at=row["created_at"],
+        started_at=None,
+        finished_at=None,
+        locked_by=None,
+        lease_expires_at=None,
+        attempt=0,
+    )
+
+
+def row_to_job(row: Mapping[str, Any]) -> Job:
+    """Build a ``Job`` from a row selected with ``queries.JOB_COLUMNS``."""
     return Job(
         id=row["id"],
         name=row["name"],
         kind=row["kind"],
         queue=row["queue"],
         status=_STATUSES[row["status"]],
-        payload=json.loads(row["payload"]) if payload is None else payload,
+        payload=json.loads(row["payload"]),
         priority=row["priority"],
         run_at=row["run_at"],
         retry_count=row["retry_count"],
@@ -464,11 +487,11 @@ async def _match_inserted(
     seen_keys: dict[str, Job] = {}
     for index, spec in enumerate(specs):
         if spec.dedup_key is None:
-            results[index] = (row_to_job(next(plain), spec.payload), True)
+            results[index] = (inserted_job(next(plain), spec), True)
         elif spec.dedup_key in seen_keys:  # a duplicate within this batch
             results[index] = (seen_keys[spec.dedup_key], False)
         elif spec.dedup_key in by_key:  # the first spec of a key inserted it
-            job = row_to_job(by_key[spec.dedup_key], spec.payload)
+            job = inserted_job(by_key[spec.dedup_key], spec)
             seen_keys[spec.dedup_key] = job
             results[index] = (job, True)
         else:
