@@ -95,6 +95,10 @@ def row_to_job(row: Mapping[str, Any]) -> Job:
     )
 
 
+class CannotConnect(ConnectionError):
+    """The server refused a new connection (counted as a connection error)."""
+
+
 class IdleConnections:
     """The Store's own asyncpg connections: a LIFO list of idle ones, at most
     ``limit`` in use at once.
@@ -122,8 +126,11 @@ class IdleConnections:
                 connection.terminate()
                 self._drop_idle()
                 raise
+            except Exception:
+                self._give_back(connection)  # a query failed; the connection is fine
+                raise
             except BaseException:
-                self._give_back(connection)
+                connection.terminate()  # cancelled mid-query: its protocol state is unknown
                 raise
             else:
                 self._give_back(connection)
@@ -133,7 +140,10 @@ class IdleConnections:
             connection = self._idle.pop()
             if not connection.is_closed():
                 return connection
-        return await asyncpg.connect(self._url)
+        try:
+            return await asyncpg.connect(self._url)
+        except asyncpg.PostgresError as error:  # refused by the server: no such database, auth...
+            raise CannotConnect(str(error)) from error
 
     def _give_back(self, connection: asyncpg.Connection) -> None:
         if self._closed or connection.is_closed() or connection.is_in_transaction():

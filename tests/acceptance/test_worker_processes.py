@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
@@ -181,12 +182,16 @@ def test_migrate_is_idempotent(fresh_db: str) -> None:
         (("worker", "--module", "worker_app", "--concurrency", "0"), None, "agora-pg: --concurrency: must be >= 1"),
         (("worker", "--module", "worker_app"), "unmigrated", "run `agora-pg migrate` first"),
         (("migrate",), "mysql://root@localhost/db", "agora-pg: DATABASE_URL: expected a postgresql:// URL"),
+        (("worker", "--module", "worker_app"), "missing-db", 'database "agora_no_such_db" does not exist'),
     ],
 )
 def test_cli_errors_print_one_line_and_exit_non_zero(
     args: tuple[str, ...], database: str | None, expected: str, fresh_db: str
 ) -> None:
-    url = fresh_db if database in (None, "unmigrated") else database
+    if database == "missing-db":
+        url = urlunsplit(urlsplit(fresh_db)._replace(path="/agora_no_such_db"))
+    else:
+        url = fresh_db if database in (None, "unmigrated") else database
     result = run_cli(*args, env=worker_env(url))
     assert result.returncode != 0
     lines = [line for line in result.stderr.splitlines() if line.strip()]
