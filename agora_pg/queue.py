@@ -9,7 +9,8 @@ from datetime import datetime
 from typing import Any
 
 from agora_pg.db.connect import Database, resolve_database
-from agora_pg.db.store import CallerConnection, Store
+from agora_pg.db.enqueue import CallerConnection
+from agora_pg.db.store import Store
 from agora_pg.job_spec import JobSpec
 from agora_pg.jobs import Job
 from agora_pg.settings import Settings, load_settings

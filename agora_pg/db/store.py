@@ -1,167 +1,42 @@
 """The Store: the one class that talks to PostgreSQL.
 
-It owns (or borrows) a SQLAlchemy async engine and runs the statements of
-``agora_pg.db.queries`` on the engine's asyncpg connections. Nothing else in
-agora-pg holds an engine, a pool or a connection.
+It runs the statements of ``agora_pg.db.queries`` on asyncpg connections of its
+own (``connections.IdleConnections``), or on the pool of an engine a caller lent
+it; Alembic runs on its SQLAlchemy engine. Nothing else in agora-pg holds an
+engine, a pool or a connection.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import Any, TypeAlias, cast
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any, cast
 
 import asyncpg
 import asyncpg.pool
 import sqlalchemy.exc
 from sqlalchemy.engine import Connection as SyncConnection
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from agora_pg.db import queries
 from agora_pg.db.connect import Database
+from agora_pg.db.connections import CONNECTION_ERRORS, IdleConnections, ListenConnection
+from agora_pg.db.enqueue import CallerConnection, caller_fetch, insert_jobs
+from agora_pg.db.job_rows import row_to_job
+from agora_pg.db.schedule_rows import (
+    ClaimedRun,
+    RunFinish,
+    ScheduleRegistration,
+    ScheduleRow,
+)
 from agora_pg.errors import DatabaseUnavailable, InvalidTransition, JobNotFound
 from agora_pg.job_spec import JobSpec
 from agora_pg.jobs import Job, JobStatus
-from agora_pg.db.schedule_rows import ClaimedRun, RunFinish, ScheduleRegistration, ScheduleRow
 
 log = logging.getLogger("agora_pg.store")
 
 NOTIFY_CHANNEL = "agora_jobs"
-
-# What a caller may pass so that an enqueue joins its own transaction.
-CallerConnection: TypeAlias = "asyncpg.Connection | asyncpg.pool.PoolConnectionProxy | AsyncConnection | AsyncSession"
-
-_CONNECTION_ERRORS = (
-    OSError,
-    asyncpg.PostgresConnectionError,
-    asyncpg.InterfaceError,
-    asyncpg.CannotConnectNowError,
-    asyncpg.AdminShutdownError,
-    ConnectionError,
-)
-
-
-_STATUSES = {status.value: status for status in JobStatus}
-
-
-def inserted_job(row: Mapping[str, Any], spec: JobSpec) -> Job:
-    """The ``Job`` a spec became, from the ``queries.INSERTED_COLUMNS`` of its row."""
-    return Job(
-        id=row["id"],
-        name=spec.name if spec.name is not None else spec.kind,
-        kind=spec.kind,
-        queue=spec.queue,
-        status=JobStatus.PENDING,
-        payload=spec.payload,
-        priority=spec.priority,
-        run_at=row["run_at"],
-        retry_count=0,
-        max_retries=spec.max_retries,
-        error_message=None,
-        dedup_key=spec.dedup_key,
-        created_at=row["created_at"],
-        started_at=None,
-        finished_at=None,
-        locked_by=None,
-        lease_expires_at=None,
-        attempt=0,
-    )
-
-
-def row_to_job(row: Mapping[str, Any]) -> Job:
-    """Build a ``Job`` from a row selected with ``queries.JOB_COLUMNS``."""
-    return Job(
-        id=row["id"],
-        name=row["name"],
-        kind=row["kind"],
-        queue=row["queue"],
-        status=_STATUSES[row["status"]],
-        payload=json.loads(row["payload"]),
-        priority=row["priority"],
-        run_at=row["run_at"],
-        retry_count=row["retry_count"],
-        max_retries=row["max_retries"],
-        error_message=row["error_message"],
-        dedup_key=row["dedup_key"],
-        created_at=row["created_at"],
-        started_at=row["started_at"],
-        finished_at=row["finished_at"],
-        locked_by=row["locked_by"],
-        lease_expires_at=row["lease_expires_at"],
-        attempt=row["attempt"],
-    )
-
-
-class CannotConnect(ConnectionError):
-    """The server refused a new connection (counted as a connection error)."""
-
-
-class IdleConnections:
-    """The Store's own asyncpg connections: a LIFO list of idle ones, at most
-    ``limit`` in use at once.
-
-    Taking and returning a connection are list operations: no ping and no reset
-    query, which in SQLAlchemy's pool (and asyncpg's) cost a round trip or a
-    greenlet hop per call, half the time of a single enqueue. A connection that
-    broke, or was left inside a transaction, is closed instead of reused; a broken
-    one also empties the idle list, since a server restart kills them all.
-    """
-
-    def __init__(self, url: str, limit: int) -> None:
-        self._url = url
-        self._idle: list[asyncpg.Connection] = []
-        self._slots = asyncio.Semaphore(limit)
-        self._closed = False
-
-    @contextlib.asynccontextmanager
-    async def acquire(self) -> AsyncIterator[asyncpg.Connection]:
-        async with self._slots:
-            connection = await self._take()
-            try:
-                yield connection
-            except _CONNECTION_ERRORS:
-                connection.terminate()
-                self._drop_idle()
-                raise
-            except Exception:
-                self._give_back(connection)  # a query failed; the connection is fine
-                raise
-            except BaseException:
-                connection.terminate()  # cancelled mid-query: its protocol state is unknown
-                raise
-            else:
-                self._give_back(connection)
-
-    async def _take(self) -> asyncpg.Connection:
-        while self._idle:
-            connection = self._idle.pop()
-            if not connection.is_closed():
-                return connection
-        try:
-            return await asyncpg.connect(self._url)
-        except asyncpg.PostgresError as error:  # refused by the server: no such database, auth...
-            raise CannotConnect(str(error)) from error
-
-    def _give_back(self, connection: asyncpg.Connection) -> None:
-        if self._closed or connection.is_closed() or connection.is_in_transaction():
-            connection.terminate()
-        else:
-            self._idle.append(connection)
-
-    def _drop_idle(self) -> None:
-        idle, self._idle = self._idle, []
-        for connection in idle:
-            connection.terminate()
-
-    async def close(self) -> None:
-        self._closed = True
-        idle, self._idle = self._idle, []
-        for connection in idle:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(connection.close(), timeout=5)
 
 
 class Store:
@@ -203,11 +78,11 @@ class Store:
         sa_connection = self._engine.connect()
         try:
             await sa_connection.start()
-        except (sqlalchemy.exc.DBAPIError, *_CONNECTION_ERRORS) as error:
+        except (sqlalchemy.exc.DBAPIError, *CONNECTION_ERRORS) as error:
             raise self._unavailable(error) from error
         try:
             yield sa_connection
-        except _CONNECTION_ERRORS as error:
+        except CONNECTION_ERRORS as error:
             # The server restarted or the network broke: every pooled connection is
             # likely dead too, so drop them all rather than fail once per connection.
             await sa_connection.invalidate()
@@ -228,7 +103,7 @@ class Store:
         try:
             async with self._own.acquire() as connection:
                 yield connection
-        except _CONNECTION_ERRORS as error:
+        except CONNECTION_ERRORS as error:
             raise self._unavailable(error) from error
 
     async def run_sync_in_transaction(self, function: Callable[[SyncConnection], None]) -> None:
@@ -265,9 +140,9 @@ class Store:
         if not specs:
             return []
         if connection is not None:
-            return await _enqueue(_caller_fetch(connection), specs)
+            return await insert_jobs(caller_fetch(connection), specs)
         async with self.connection() as own:
-            return await _enqueue(own.fetch, specs)
+            return await insert_jobs(own.fetch, specs)
 
     # -- reading and cancelling --------------------------------------------------
 
@@ -420,7 +295,7 @@ class Store:
         """A dedicated connection that calls ``on_queue(queue)`` for every enqueue."""
         try:
             connection = await asyncpg.connect(self.database.asyncpg_url)
-        except _CONNECTION_ERRORS as error:
+        except CONNECTION_ERRORS as error:
             raise DatabaseUnavailable(f"database unavailable: {error}") from error
         listen = ListenConnection(connection)
 
@@ -431,94 +306,3 @@ class Store:
         return listen
 
 
-class ListenConnection:
-    """A LISTEN connection; ``closed`` completes when the connection is lost."""
-
-    def __init__(self, connection: asyncpg.Connection) -> None:
-        self._connection = connection
-        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        connection.add_termination_listener(self._on_termination)
-
-    def _on_termination(self, _connection: object) -> None:
-        if not self.closed.done():
-            self.closed.set_result(None)
-
-    async def close(self) -> None:
-        if not self._connection.is_closed():
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._connection.close(), timeout=5)
-        self._on_termination(self._connection)
-
-
-# -- enqueue helpers (module level so they run on any kind of connection) --------
-
-Fetch = Callable[..., Awaitable[Sequence[Mapping[str, Any]]]]
-
-
-def _caller_fetch(connection: CallerConnection) -> Fetch:
-    """A ``fetch(sql, *args)`` that runs inside the caller's transaction."""
-    if isinstance(connection, asyncpg.Connection | asyncpg.pool.PoolConnectionProxy):
-        return cast(Fetch, connection.fetch)
-    if isinstance(connection, AsyncSession | AsyncConnection):
-        sqlalchemy_connection = connection
-
-        async def fetch(sql: str, *args: Any) -> Sequence[Mapping[str, Any]]:
-            if isinstance(sqlalchemy_connection, AsyncSession):
-                target = await sqlalchemy_connection.connection()
-            else:
-                target = sqlalchemy_connection
-            result = await target.exec_driver_sql(sql, args)
-            return cast(Sequence[Mapping[str, Any]], result.mappings().all())
-
-        return fetch
-    raise TypeError(
-        "connection must be an asyncpg connection or a SQLAlchemy AsyncConnection or "
-        f"AsyncSession, got {type(connection).__name__}"
-    )
-
-
-async def _enqueue(fetch: Fetch, specs: Sequence[JobSpec]) -> list[tuple[Job, bool]]:
-    if len(specs) == 1:
-        rows = list(await fetch(queries.INSERT_JOB, *specs[0].as_row()))
-    else:
-        columns = [list(column) for column in zip(*(spec.as_row() for spec in specs), strict=True)]
-        rows = sorted(await fetch(queries.INSERT_JOBS, *columns), key=lambda row: row["id"])  # insertion order
-    return await _match_inserted(fetch, specs, rows)
-
-
-async def _match_inserted(
-    fetch: Fetch, specs: Sequence[JobSpec], inserted: Sequence[Mapping[str, Any]]
-) -> list[tuple[Job, bool]]:
-    """Pair each spec with its job: the inserted one, or the live job its dedup_key hit."""
-    results: list[tuple[Job, bool] | None] = [None] * len(specs)
-    by_key = {row["dedup_key"]: row for row in inserted if row["dedup_key"] is not None}
-    plain = iter(row for row in inserted if row["dedup_key"] is None)
-    missing: list[int] = []
-    seen_keys: dict[str, Job] = {}
-    for index, spec in enumerate(specs):
-        if spec.dedup_key is None:
-            results[index] = (inserted_job(next(plain), spec), True)
-        elif spec.dedup_key in seen_keys:  # a duplicate within this batch
-            results[index] = (seen_keys[spec.dedup_key], False)
-        elif spec.dedup_key in by_key:  # the first spec of a key inserted it
-            job = inserted_job(by_key[spec.dedup_key], spec)
-            seen_keys[spec.dedup_key] = job
-            results[index] = (job, True)
-        else:
-            missing.append(index)
-    if missing:
-        keys = list({specs[i].dedup_key for i in missing})
-        rows = await fetch(queries.SELECT_ALIVE_BY_DEDUP_KEYS, keys)
-        alive = {row["dedup_key"]: row_to_job(row) for row in rows}
-        retry: list[int] = []
-        for index in missing:
-            existing = alive.get(specs[index].dedup_key)
-            if existing is None:
-                retry.append(index)  # the blocking job finished in between: insert again
-            else:
-                results[index] = (existing, False)
-        if retry:
-            again = await _enqueue(fetch, [specs[i] for i in retry])
-            for index, result in zip(retry, again, strict=True):
-                results[index] = result
-    return [result for result in results if result is not None]
