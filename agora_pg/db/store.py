@@ -117,6 +117,10 @@ class Store:
         reason = error.orig if isinstance(error, sqlalchemy.exc.DBAPIError) and error.orig else error
         return DatabaseUnavailable(f"cannot use the database at {self.database.display_url}: {reason}")
 
+    async def _execute(self, sql: str, *args: Any) -> None:
+        async with self.connection() as connection:
+            await connection.execute(sql, *args)
+
     async def _fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
         async with self.connection() as connection:
             return cast(list[asyncpg.Record], await connection.fetch(sql, *args))
@@ -218,20 +222,16 @@ class Store:
     # -- workers -------------------------------------------------------------------
 
     async def register_worker(self, worker_id: str, hostname: str, pid: int, queues: Sequence[str]) -> None:
-        async with self.connection() as connection:
-            await connection.execute(queries.INSERT_WORKER, worker_id, hostname, pid, list(queues))
+        await self._execute(queries.INSERT_WORKER, worker_id, hostname, pid, list(queues))
 
     async def heartbeat(self, worker_id: str, lease_seconds: float) -> None:
-        async with self.connection() as connection:
-            await connection.execute(queries.HEARTBEAT, worker_id, float(lease_seconds))
+        await self._execute(queries.HEARTBEAT, worker_id, float(lease_seconds))
 
     async def stop_worker(self, worker_id: str) -> None:
-        async with self.connection() as connection:
-            await connection.execute(queries.STOP_WORKER, worker_id)
+        await self._execute(queries.STOP_WORKER, worker_id)
 
     async def delete_stale_workers(self, older_than_seconds: float) -> None:
-        async with self.connection() as connection:
-            await connection.execute(queries.DELETE_STALE_WORKERS, float(older_than_seconds))
+        await self._execute(queries.DELETE_STALE_WORKERS, float(older_than_seconds))
 
     # -- schedules -------------------------------------------------------------------
 
@@ -262,8 +262,7 @@ class Store:
         return ClaimedRun(ScheduleRow.from_row(row), run_id=row["run_id"], scheduled_for=row["scheduled_for"])
 
     async def renew_pipeline_lease(self, pipeline_id: str, worker_id: str, lease_seconds: float) -> None:
-        async with self.connection() as connection:
-            await connection.execute(queries.RENEW_PIPELINE_LEASE, pipeline_id, worker_id, float(lease_seconds))
+        await self._execute(queries.RENEW_PIPELINE_LEASE, pipeline_id, worker_id, float(lease_seconds))
 
     async def finish_pipeline_run(self, finish: RunFinish) -> bool:
         """Record a run's end; False if this worker no longer held the lease."""
