@@ -20,6 +20,10 @@ class DatabaseUnavailable(AgoraError):
     """The database could not be reached or started."""
 
 
+class TransientDatabaseError(DatabaseUnavailable):
+    """A conflict that a retry resolves (deadlock, serialization failure)."""
+
+
 class SchemaNotReady(AgoraError):
     """The database answers but the agora schema is missing or not at head."""
 

@@ -187,12 +187,18 @@ INSERT INTO agora.workers (id, hostname, pid, queues) VALUES ($1, $2, $3, $4::te
 """
 
 # Heartbeat: the worker is alive and its processing jobs keep their lease for $2 more seconds.
+# Rows locked right now are being completed by the same worker: skipping them (instead of
+# waiting) keeps the heartbeat from deadlocking with that completion.
 HEARTBEAT = """
 WITH worker AS (
     UPDATE agora.workers SET last_heartbeat_at = now() WHERE id = $1
+), held AS (
+    SELECT id FROM agora.jobs WHERE locked_by = $1 AND status = 'processing'
+    ORDER BY id
+    FOR UPDATE SKIP LOCKED
 )
-UPDATE agora.jobs SET lease_expires_at = now() + make_interval(secs => $2)
-WHERE locked_by = $1 AND status = 'processing'
+UPDATE agora.jobs AS j SET lease_expires_at = now() + make_interval(secs => $2)
+FROM held WHERE j.id = held.id
 """
 
 # Record a clean stop.

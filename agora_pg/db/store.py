@@ -30,7 +30,7 @@ from agora_pg.db.schedule_rows import (
     ScheduleRegistration,
     ScheduleRow,
 )
-from agora_pg.errors import DatabaseUnavailable, InvalidTransition, JobNotFound
+from agora_pg.errors import DatabaseUnavailable, InvalidTransition, JobNotFound, TransientDatabaseError
 from agora_pg.job_spec import JobSpec
 from agora_pg.jobs import Job, JobStatus
 
@@ -105,6 +105,8 @@ class Store:
                 yield connection
         except CONNECTION_ERRORS as error:
             raise self._unavailable(error) from error
+        except asyncpg.TransactionRollbackError as error:  # deadlock or serialization failure
+            raise TransientDatabaseError(f"transient conflict, retry: {error}") from error
 
     async def run_sync_in_transaction(self, function: Callable[[SyncConnection], None]) -> None:
         """Run ``function(connection)`` (synchronous SQLAlchemy code such as
@@ -181,7 +183,9 @@ class Store:
         return jobs
 
     async def complete_succeeded(self, attempts: Sequence[tuple[int, int]], worker_id: str) -> set[int]:
-        """Mark ``(job_id, attempt)`` pairs done; returns the ids that were still held."""
+        """Mark ``(job_id, attempt)`` pairs done; returns the ids that were still held.
+        Rows are locked in id order, as by every outcome statement, so they cannot deadlock."""
+        attempts = sorted(attempts)
         rows = await self._fetch(
             queries.COMPLETE_SUCCEEDED, [a[0] for a in attempts], [a[1] for a in attempts], worker_id
         )
@@ -194,7 +198,7 @@ class Store:
         default_max_retries: int,
     ) -> set[int]:
         """Record failed attempts ``(job_id, attempt, error_type, error_message, delay)``."""
-        columns = list(zip(*failures, strict=True))
+        columns = list(zip(*sorted(failures), strict=True))
         rows = await self._fetch(
             queries.COMPLETE_FAILED,
             list(columns[0]),
@@ -209,6 +213,7 @@ class Store:
 
     async def release_jobs(self, attempts: Sequence[tuple[int, int]], worker_id: str) -> set[int]:
         """Give unfinished attempts back as pending, without counting an attempt."""
+        attempts = sorted(attempts)
         rows = await self._fetch(
             queries.RELEASE_JOBS, [a[0] for a in attempts], [a[1] for a in attempts], worker_id
         )

@@ -258,3 +258,20 @@ async def test_running_worker_rescues_jobs_of_a_dead_worker(queue: Queue, store:
 async def test_worker_refuses_an_unmigrated_database(fresh_db: str) -> None:
     with pytest.raises(SchemaNotReady, match="run `agora-pg migrate` first"):
         await Worker({}, settings=Settings(database_url=fresh_db)).run(handle_signals=False)
+
+
+async def test_heartbeat_skips_rows_being_completed_instead_of_waiting(queue: Queue, store: Store, database_url: str) -> None:
+    import asyncpg
+
+    await queue.enqueue("k")
+    [claimed] = await store.claim_jobs(["default"], 1, "w", 30)
+    holder = await asyncpg.connect(store.database.asyncpg_url)
+    try:
+        async with holder.transaction():
+            await holder.execute("SELECT 1 FROM agora.jobs WHERE id = $1 FOR UPDATE", claimed.id)
+            # the row is locked (as by a completion in flight): the heartbeat must not block on it
+            await asyncio.wait_for(store.heartbeat("w", 60), timeout=5)
+    finally:
+        await holder.close()
+    await store.heartbeat("w", 60)  # once free, the lease is extended
+    assert (await store.get_job(claimed.id)).lease_expires_at > claimed.lease_expires_at  # type: ignore[operator]
