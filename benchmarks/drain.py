@@ -36,6 +36,14 @@ from agora_pg.settings import Settings, load_settings
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def worker_environment(**extra: str) -> dict[str, str]:
+    """This process's environment without agora-pg settings (a worker gets exactly the
+    ones the benchmark gives it), plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WORKER_", "AGORA_PG_", "DATABASE_URL"))}
+    env.update(extra)
+    return env
+
+
 def database_named(server: Database, name: str) -> Database:
     parts = urlsplit(server.asyncpg_url)
     return Database(urlunsplit(parts._replace(path=f"/{name}")))
@@ -69,8 +77,7 @@ async def scratch_database(settings: Settings) -> AsyncIterator[tuple[Database, 
 async def drain_once(settings: Settings, jobs: int, concurrency: int) -> dict[str, float]:
     async with scratch_database(settings) as (database, store):
         enqueue_seconds = await enqueue(store, jobs)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("WORKER_", "AGORA_PG_"))}
-        env.update(AGORA_PG_DATABASE_URL=database.url, AGORA_PG_LOG_LEVEL="WARNING")
+        env = worker_environment(AGORA_PG_DATABASE_URL=database.url, AGORA_PG_LOG_LEVEL="WARNING")
         started = time.perf_counter()
         process = subprocess.Popen(
             [sys.executable, "-m", "agora_pg.cli", "worker", "--module", "benchmarks.noop_worker",

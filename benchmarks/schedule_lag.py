@@ -16,14 +16,13 @@ import subprocess
 import sys
 
 from agora_pg.settings import Settings, load_settings
-from benchmarks.drain import ROOT, scratch_database
+from benchmarks.drain import ROOT, scratch_database, worker_environment
 
 
 async def measure(settings: Settings, pipelines: int, seconds: float, schedule: str = "every1s") -> dict[str, float]:
     """Run the pipelines for ``seconds`` on one worker process; lag percentiles in ms."""
     async with scratch_database(settings) as (database, store):
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("WORKER_", "AGORA_PG_"))}
-        env.update(
+        env = worker_environment(
             AGORA_PG_DATABASE_URL=database.url, AGORA_PG_LOG_LEVEL="WARNING",
             BENCH_PIPELINES=str(pipelines), BENCH_SCHEDULE=schedule,
         )

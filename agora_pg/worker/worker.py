@@ -138,10 +138,11 @@ class Worker:
 async def check_schema(store: Store) -> None:
     """Raise ``SchemaNotReady`` unless the database is migrated to head."""
     applied = await store.schema_versions()
-    if applied != head_revisions():
+    head = head_revisions()
+    if applied != head:
         state = "not migrated" if not applied else f"at {', '.join(sorted(applied))}"
         raise SchemaNotReady(
-            f"the agora schema is {state}, expected {', '.join(sorted(head_revisions()))}: "
+            f"the agora schema is {state}, expected {', '.join(sorted(head))}: "
             "run `agora-pg migrate` first"
         )
 

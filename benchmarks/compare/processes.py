@@ -9,18 +9,14 @@ import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
 from agora_pg.db.connect import Database
 from benchmarks.compare.systems.base import CREATE_LATENCY_TABLE, System
+from benchmarks.drain import database_named, worker_environment
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def database_url(server: Database, name: str) -> str:
-    return urlunsplit(urlsplit(server.asyncpg_url)._replace(path=f"/{name}"))
 
 
 @contextlib.asynccontextmanager
@@ -30,7 +26,7 @@ async def fresh_database(server: Database, system: System, label: str) -> AsyncI
     admin = await asyncpg.connect(server.asyncpg_url)
     try:
         await admin.execute(f'CREATE DATABASE "{name}"')
-        url = database_url(server, name)
+        url = database_named(server, name).url
         try:
             connection = await asyncpg.connect(url)
             try:
@@ -48,8 +44,7 @@ async def fresh_database(server: Database, system: System, label: str) -> AsyncI
 @contextlib.contextmanager
 def workers(system: System, url: str, mode: str, count: int) -> Iterator[list[subprocess.Popen[bytes]]]:
     """``count`` worker processes of ``system``; stopped with SIGTERM (then SIGKILL) on exit."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AGORA_PG_", "WORKER_", "DATABASE_URL"))}
-    env.update(BENCH_DATABASE_URL=url, PYTHONUNBUFFERED="1", **system.worker_env(url))
+    env = worker_environment(BENCH_DATABASE_URL=url, PYTHONUNBUFFERED="1", **system.worker_env(url))
     started = [
         subprocess.Popen(system.worker_command(url, mode), cwd=ROOT, env=env, start_new_session=True)  # type: ignore[arg-type]
         for _ in range(count)

@@ -22,7 +22,7 @@ from urllib.parse import parse_qs, urlsplit
 import asyncpg
 
 from agora_pg.db.connect import Database
-from benchmarks.compare.processes import database_url
+from benchmarks.drain import database_named
 
 SCHEMA = """
 CREATE TABLE raw_jobs (
@@ -119,7 +119,7 @@ async def raw_limits(server: Database, seconds: int = 8) -> dict[str, float]:
     name = f"bench_raw_{uuid.uuid4().hex[:6]}"
     admin = await asyncpg.connect(server.asyncpg_url)
     await admin.execute(f'CREATE DATABASE "{name}"')
-    url = database_url(server, name)
+    url = database_named(server, name).url
     results: dict[str, float] = {}
     try:
         connection = await asyncpg.connect(url)
