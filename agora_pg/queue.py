@@ -84,14 +84,14 @@ class Queue:
             max_retries=max_retries,
             dedup_key=dedup_key,
         )
-        [(job, _created)] = await self.store.enqueue([self._defaults(spec)], connection)
+        [(job, _created)] = await self.store.enqueue([spec], connection, self.settings.max_retries)
         return job
 
     async def enqueue_many(
         self, specs: Iterable[JobSpec], *, connection: CallerConnection | None = None
     ) -> list[Job]:
         """Store many jobs in one statement; returns them in the order given."""
-        results = await self.store.enqueue([self._defaults(spec) for spec in specs], connection)
+        results = await self.store.enqueue(list(specs), connection, self.settings.max_retries)
         return [job for job, _created in results]
 
     async def get(self, job_id: int) -> Job:
@@ -101,6 +101,3 @@ class Queue:
     async def cancel(self, job_id: int) -> Job:
         """Cancel a job that has not started (``InvalidTransition`` otherwise)."""
         return await self.store.cancel_job(job_id)
-
-    def _defaults(self, spec: JobSpec) -> JobSpec:
-        return spec.with_default_max_retries(self.settings.max_retries)

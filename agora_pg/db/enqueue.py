@@ -4,6 +4,7 @@ job commits or rolls back with the caller's transaction)."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import UTC
 from typing import Any, TypeAlias, cast
 
 import asyncpg
@@ -11,8 +12,8 @@ import asyncpg.pool
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from agora_pg.db import queries
-from agora_pg.db.job_rows import inserted_job, row_to_job
-from agora_pg.job_spec import JobSpec
+from agora_pg.db.job_rows import inserted_job, new_job, row_to_job
+from agora_pg.job_spec import JobSpec, batch_document
 from agora_pg.jobs import Job
 
 # What a caller may pass so that an enqueue joins its own transaction.
@@ -43,17 +44,31 @@ def caller_fetch(connection: CallerConnection) -> Fetch:
     )
 
 
-async def insert_jobs(fetch: Fetch, specs: Sequence[JobSpec]) -> list[tuple[Job, bool]]:
+async def insert_jobs(
+    fetch: Fetch, specs: Sequence[JobSpec], default_max_retries: int | None = None
+) -> list[tuple[Job, bool]]:
+    """Insert ``specs``; each comes back with its job and whether it was inserted
+    (``False``: a live job with its dedup_key was returned instead)."""
+    with_keys = any(spec.dedup_key is not None for spec in specs)
     if len(specs) == 1:
-        rows = list(await fetch(queries.INSERT_JOB, *specs[0].as_row()))
-    else:
-        columns = [list(column) for column in zip(*(spec.as_row() for spec in specs), strict=True)]
-        rows = sorted(await fetch(queries.INSERT_JOBS, *columns), key=lambda row: row["id"])  # insertion order
-    return await _match_inserted(fetch, specs, rows)
+        statement = queries.INSERT_JOB_DEDUP if with_keys else queries.INSERT_JOB
+        rows = list(await fetch(statement, *specs[0].as_row(default_max_retries)))
+        return await _match_inserted(fetch, specs, rows, default_max_retries)
+    document = batch_document(specs, default_max_retries)
+    if with_keys:
+        rows = sorted(await fetch(queries.INSERT_JOBS_DEDUP, document), key=lambda row: row["id"])  # insertion order
+        return await _match_inserted(fetch, specs, rows, default_max_retries)
+    [inserted] = await fetch(queries.INSERT_JOBS, document)
+    now = inserted["now"]  # created_at, and run_at where none was given
+    jobs = []
+    for job_id, spec in zip(inserted["ids"], specs, strict=True):
+        run_at = now if spec.run_at is None else spec.run_at.astimezone(UTC)
+        jobs.append((new_job(spec, job_id, now, run_at, default_max_retries), True))
+    return jobs
 
 
 async def _match_inserted(
-    fetch: Fetch, specs: Sequence[JobSpec], inserted: Sequence[Mapping[str, Any]]
+    fetch: Fetch, specs: Sequence[JobSpec], inserted: Sequence[Mapping[str, Any]], default_max_retries: int | None
 ) -> list[tuple[Job, bool]]:
     """Pair each spec with its job: the inserted one, or the live job its dedup_key hit."""
     results: list[tuple[Job, bool] | None] = [None] * len(specs)
@@ -63,11 +78,11 @@ async def _match_inserted(
     seen_keys: dict[str, Job] = {}
     for index, spec in enumerate(specs):
         if spec.dedup_key is None:
-            results[index] = (inserted_job(next(plain), spec), True)
+            results[index] = (inserted_job(next(plain), spec, default_max_retries), True)
         elif spec.dedup_key in seen_keys:  # a duplicate within this batch
             results[index] = (seen_keys[spec.dedup_key], False)
         elif spec.dedup_key in by_key:  # the first spec of a key inserted it
-            job = inserted_job(by_key[spec.dedup_key], spec)
+            job = inserted_job(by_key[spec.dedup_key], spec, default_max_retries)
             seen_keys[spec.dedup_key] = job
             results[index] = (job, True)
         else:
@@ -84,7 +99,7 @@ async def _match_inserted(
             else:
                 results[index] = (existing, False)
         if retry:
-            again = await insert_jobs(fetch, [specs[i] for i in retry])
+            again = await insert_jobs(fetch, [specs[i] for i in retry], default_max_retries)
             for index, result in zip(retry, again, strict=True):
                 results[index] = result
     return [result for result in results if result is not None]

@@ -21,24 +21,37 @@ INSERTED_COLUMNS = "id, run_at, created_at, dedup_key"
 
 # -- enqueue -----------------------------------------------------------------
 
-# Insert one job; a live job with the same dedup_key makes it insert nothing.
+# Insert one job.
 INSERT_JOB = f"""
 INSERT INTO agora.jobs (name, kind, queue, payload, priority, run_at, max_retries, dedup_key)
 VALUES ($1, $2, $3, $4::text::jsonb, $5, COALESCE($6::timestamptz, now()), $7, $8)
-ON CONFLICT (dedup_key) WHERE {ALIVE} DO NOTHING
 RETURNING {INSERTED_COLUMNS}
 """
 
-# Insert many jobs in one statement, from parallel arrays, in array order.
-INSERT_JOBS = f"""
+_INSERT_JOBS_FROM_DOCUMENT = """
 INSERT INTO agora.jobs (name, kind, queue, payload, priority, run_at, max_retries, dedup_key)
-SELECT name, kind, queue, payload::jsonb, priority, COALESCE(run_at, now()), max_retries, dedup_key
-FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int[], $6::timestamptz[],
-            $7::int[], $8::text[])
-     AS t(name, kind, queue, payload, priority, run_at, max_retries, dedup_key)
-ON CONFLICT (dedup_key) WHERE {ALIVE} DO NOTHING
-RETURNING {INSERTED_COLUMNS}
+SELECT name, kind, queue, payload, priority, COALESCE(run_at, now()), max_retries, dedup_key
+FROM jsonb_to_recordset($1::text::jsonb)
+     AS t(name text, kind text, queue text, payload jsonb, priority int, run_at timestamptz,
+          max_retries int, dedup_key text)
 """
+
+# Insert many jobs in one statement, from a JSON array of row objects (see
+# job_spec.batch_document: one document instead of eight parameter arrays), in
+# array order. Returns the ids in order and now(), which is every row's created_at
+# and the run_at of rows given none: one row with an array decodes in a fraction of
+# the time of 5,000 rows of timestamps.
+INSERT_JOBS = f"""
+WITH inserted AS ({_INSERT_JOBS_FROM_DOCUMENT} RETURNING id)
+SELECT coalesce(array_agg(id ORDER BY id), '{{}}') AS ids, now() AS now FROM inserted
+"""
+
+# The same two, for jobs with a dedup_key: a live job with the same key makes a row
+# insert nothing. Only used when a key is present: ON CONFLICT makes PostgreSQL
+# insert speculatively, which costs every row an extra index probe and WAL record.
+_ON_DEDUP_CONFLICT = f"ON CONFLICT (dedup_key) WHERE {ALIVE} DO NOTHING\nRETURNING"
+INSERT_JOB_DEDUP = INSERT_JOB.replace("RETURNING", _ON_DEDUP_CONFLICT)
+INSERT_JOBS_DEDUP = f"{_INSERT_JOBS_FROM_DOCUMENT}{_ON_DEDUP_CONFLICT} {INSERTED_COLUMNS}"
 
 # The live jobs holding these dedup keys.
 SELECT_ALIVE_BY_DEDUP_KEYS = f"""

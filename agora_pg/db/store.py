@@ -139,16 +139,20 @@ class Store:
     # -- enqueue ----------------------------------------------------------------
 
     async def enqueue(
-        self, specs: Sequence[JobSpec], connection: CallerConnection | None = None
+        self,
+        specs: Sequence[JobSpec],
+        connection: CallerConnection | None = None,
+        default_max_retries: int | None = None,
     ) -> list[tuple[Job, bool]]:
         """Insert jobs; returns each job with ``True`` if it was inserted or
-        ``False`` if a live job with its dedup_key was returned instead."""
+        ``False`` if a live job with its dedup_key was returned instead.
+        ``default_max_retries`` applies to specs that leave ``max_retries`` unset."""
         if not specs:
             return []
         if connection is not None:
-            return await insert_jobs(caller_fetch(connection), specs)
+            return await insert_jobs(caller_fetch(connection), specs, default_max_retries)
         async with self.connection() as own:
-            return await insert_jobs(own.fetch, specs)
+            return await insert_jobs(own.fetch, specs, default_max_retries)
 
     # -- reading and cancelling --------------------------------------------------
 

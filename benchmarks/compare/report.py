@@ -42,7 +42,7 @@ def markdown(results: Results) -> str:
         rows.append(cells)
 
     row("1. enqueue, one call per job", "jobs/s", "enqueue_one_per_s", raw.get("insert_one_1c"), "pgbench insert one, 1 client")
-    row("1. enqueue, batch API", "jobs/s", "enqueue_batch_per_s", raw.get("copy_10000"), "COPY 10,000 rows")
+    row("1. enqueue, batch API (median of 5)", "jobs/s", "enqueue_batch_per_s", raw.get("copy_10000"), "COPY 10,000 rows")
     for processes in results.get("processes", [1, 2, 4]):
         row(f"2. drain {results['drain_jobs']:,} jobs, {processes} process(es)", "jobs/s", f"drain_{processes}p",
             raw.get("claim_100_4c"), "claim+complete 100, 4 clients")

@@ -1,14 +1,15 @@
 """Enqueue: defaults, batches, plain SQL inserts, dedup keys, the caller's transaction."""
 
 import asyncio
-from datetime import UTC, datetime, timedelta
+import dataclasses
+from datetime import UTC, datetime, timedelta, timezone
 
 import asyncpg
 import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 
-from agora_pg import InvalidJob, JobSpec, JobStatus, Queue
+from agora_pg import InvalidJob, Job, JobSpec, JobStatus, Queue
 from agora_pg.db.store import Store
 
 
@@ -39,6 +40,23 @@ async def test_enqueue_many_returns_jobs_in_the_order_given(queue: Queue) -> Non
     jobs = await queue.enqueue_many(specs)
     assert [job.payload["i"] for job in jobs] == list(range(50))
     assert len({job.id for job in jobs}) == 50
+
+
+async def test_enqueue_many_stores_every_argument_as_get_reads_it(queue: Queue) -> None:
+    berlin = timezone(timedelta(hours=1))
+    specs = [
+        JobSpec("k", {"nested": {"list": [1, 2.5, None, "\u00e9"]}}),
+        JobSpec("k", name="named job", queue="q2", priority=-4, run_at=datetime(2031, 5, 4, 3, 2, 1, 7, tzinfo=berlin),
+                max_retries=0, dedup_key="key 1"),
+        JobSpec("other"),
+    ]
+    jobs = await queue.enqueue_many(specs)
+    assert [job.max_retries for job in jobs] == [3, 0, 3]  # the queue's default fills the unset ones
+    assert jobs[1].run_at == datetime(2031, 5, 4, 2, 2, 1, 7, tzinfo=UTC)
+    for job in jobs:
+        stored = await queue.get(job.id)
+        assert stored == job
+        assert set(vars(stored)) == {field.name for field in dataclasses.fields(Job)}
 
 
 async def test_invalid_enqueue_raises_and_writes_nothing(queue: Queue, store: Store) -> None:

@@ -1,9 +1,10 @@
+import json
 from datetime import UTC, datetime
 
 import pytest
 
 from agora_pg.errors import InvalidJob
-from agora_pg.job_spec import JobSpec
+from agora_pg.job_spec import JobSpec, batch_document
 
 
 def test_row_defaults_name_to_kind_and_serialises_payload() -> None:
@@ -12,8 +13,26 @@ def test_row_defaults_name_to_kind_and_serialises_payload() -> None:
 
 
 def test_default_max_retries_applies_only_when_unset() -> None:
-    assert JobSpec("k").with_default_max_retries(5).max_retries == 5
-    assert JobSpec("k", max_retries=1).with_default_max_retries(5).max_retries == 1
+    assert JobSpec("k").as_row(5)[6] == 5
+    assert JobSpec("k", max_retries=1).as_row(5)[6] == 1
+
+
+def test_batch_document_is_one_json_array_of_rows() -> None:
+    when = datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=UTC)
+    specs = [JobSpec("k", {"a": [1, "x"]}), JobSpec("k", name="n", run_at=when, max_retries=1, dedup_key="d")]
+    assert json.loads(batch_document(specs, 5)) == [
+        {"name": "k", "kind": "k", "queue": "default", "payload": {"a": [1, "x"]}, "priority": 0,
+         "run_at": None, "max_retries": 5, "dedup_key": None},
+        {"name": "n", "kind": "k", "queue": "default", "payload": {}, "priority": 0,
+         "run_at": "2026-01-02T03:04:05.000006+00:00", "max_retries": 1, "dedup_key": "d"},
+    ]
+
+
+@pytest.mark.parametrize("payload", [{"bad": object()}, {"nan": float("nan")}, {"nul": "a\x00b"}])
+def test_batch_document_names_the_bad_payload(payload: dict[str, object]) -> None:
+    with pytest.raises(InvalidJob) as caught:
+        batch_document([JobSpec("k", {"fine": 1}), JobSpec("k", payload)])
+    assert caught.value.field == "payload"
 
 
 @pytest.mark.parametrize(

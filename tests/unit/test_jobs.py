@@ -1,3 +1,4 @@
+import dataclasses
 from datetime import UTC, datetime
 
 import pytest
@@ -13,6 +14,14 @@ def make_job(status: JobStatus, retry_count: int = 0, max_retries: int | None = 
         retry_count=retry_count, max_retries=max_retries, error_message=None, dedup_key=None,
         created_at=now, started_at=None, finished_at=None, locked_by=None, lease_expires_at=None, attempt=0,
     )
+
+
+def test_from_fields_equals_the_dataclass_constructor() -> None:
+    job = make_job(JobStatus.FAILED, retry_count=1)
+    rebuilt = Job.from_fields(dict(vars(job)))
+    assert rebuilt == job and repr(rebuilt) == repr(job)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        rebuilt.attempt = 5  # type: ignore[misc]
 
 
 def test_every_status_has_a_transition_entry() -> None:
