@@ -14,7 +14,8 @@ from pathlib import Path
 from agora_pg.db import migrate as migrations
 from agora_pg.db.connect import resolve_database
 from agora_pg.db.store import Store
-from agora_pg.errors import AgoraError, ConfigError
+from agora_pg.commands import operator, serve
+from agora_pg.errors import AgoraError, ConfigError, InvalidArgument, InvalidJob
 from agora_pg.loading import load_worker
 from agora_pg.runner import WorkerPool
 from agora_pg.worker import Worker
@@ -38,7 +39,62 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--queues", help="comma-separated queues (overrides WORKER_QUEUES)")
     worker.add_argument("--concurrency", type=int, help="jobs run at once (overrides WORKER_CONCURRENCY)")
     worker.add_argument("--health-port", type=int, help="serve /health and /ready on this port (0: any free port)")
+
+    api = commands.add_parser("api", help="serve the REST API with uvicorn")
+    api.add_argument("--host", default="127.0.0.1", help="address to bind [127.0.0.1]")
+    api.add_argument("--port", type=int, default=8000, help="port [8000]")
+    api.add_argument("--insecure", action="store_true", help="allow a non-loopback address without AGORA_PG_API_TOKEN")
+
+    dev = commands.add_parser("dev", help="embedded Postgres, migrations, the API and a worker, until Ctrl+C")
+    dev.add_argument("--host", default="127.0.0.1", help="API address [127.0.0.1]")
+    dev.add_argument("--port", type=int, default=8000, help="API port [8000]")
+    dev.add_argument("--module", default="worker", help="the worker module [worker]")
+    dev.add_argument("--health-port", type=int, help="the worker's health port (overrides the module's)")
+
+    jobs = commands.add_parser("jobs", help="submit, list, show, retry or cancel jobs").add_subparsers(
+        dest="action", required=True
+    )
+    submit = jobs.add_parser("submit", help="enqueue one job")
+    submit.add_argument("kind")
+    submit.add_argument("--payload", default="{}", help="a JSON object [{}]")
+    submit.add_argument("--queue", default="default")
+    submit.add_argument("--priority", type=int, default=0)
+    submit.add_argument("--run-at", help="ISO 8601 time with offset, e.g. 2026-01-01T09:00:00+00:00")
+    submit.add_argument("--max-retries", type=int)
+    submit.add_argument("--dedup-key")
+    submit.add_argument("--name")
+    listing = jobs.add_parser("list", help="jobs newest first")
+    listing.add_argument("--status")
+    listing.add_argument("--kind")
+    listing.add_argument("--queue")
+    listing.add_argument("--limit", type=int, default=20)
+    for action in ("show", "retry", "cancel"):
+        jobs.add_parser(action, help=f"{action} one job").add_argument("job_id", type=int)
+
+    runs = commands.add_parser("runs", help="run history").add_subparsers(dest="action", required=True)
+    run_list = runs.add_parser("list", help="runs newest first")
+    run_list.add_argument("--pipeline-id")
+    run_list.add_argument("--job-id", type=int)
+    run_list.add_argument("--status")
+    run_list.add_argument("--since", help="runs started at or after this ISO 8601 time")
+    run_list.add_argument("--until", help="runs started before this ISO 8601 time")
+    run_list.add_argument("--limit", type=int, default=20)
     return parser
+
+
+async def run_operator(args: argparse.Namespace) -> None:
+    """``agora-pg jobs ...`` and ``agora-pg runs list``: print a table."""
+    if args.command == "runs":
+        text = await operator.list_runs(args.pipeline_id, args.job_id, args.status, args.since, args.until, args.limit)
+    elif args.action == "submit":
+        text = await operator.submit(args.kind, args.payload, args.queue, args.priority, args.run_at,
+                                     args.max_retries, args.dedup_key, args.name)
+    elif args.action == "list":
+        text = await operator.list_jobs(args.status, args.kind, args.queue, args.limit)
+    else:
+        action = {"show": operator.show_job, "retry": operator.retry_job, "cancel": operator.cancel_job}[args.action]
+        text = await action(args.job_id)
+    print(text)
 
 
 async def run_migrate() -> None:
@@ -98,7 +154,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             asyncio.run(run_migrate())
         elif args.command == "worker":
             run_event_loop(run_worker(args.module, args.queues, args.concurrency, args.health_port))
-    except ConfigError as error:
+        elif args.command == "api":
+            run_event_loop(serve.run_api(args.host, args.port, args.insecure, args.log_level))
+        elif args.command == "dev":
+            asyncio.run(serve.run_dev(args.host, args.port, args.module, args.health_port, args.log_level))
+        else:
+            asyncio.run(run_operator(args))
+    except (ConfigError, InvalidArgument, InvalidJob) as error:
         print(f"agora-pg: {error}", file=sys.stderr)
         return EXIT_USAGE
     except AgoraError as error:

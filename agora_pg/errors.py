@@ -57,6 +57,42 @@ class InvalidTransition(AgoraError):
         self.to_status = to_status
 
 
+class JobConflict(AgoraError):
+    """A job cannot change as asked because of another job (a live one holds its dedup_key)."""
+
+    def __init__(self, job_id: int, problem: str) -> None:
+        super().__init__(f"job {job_id}: {problem}")
+        self.job_id = job_id
+        self.problem = problem
+
+
+class ScheduleNotFound(AgoraError):
+    """No schedule has this pipeline id."""
+
+    def __init__(self, pipeline_id: str) -> None:
+        super().__init__(f"schedule {pipeline_id!r} does not exist")
+        self.pipeline_id = pipeline_id
+
+
+class ScheduleConflict(AgoraError):
+    """A schedule's state does not allow what was asked (``action``)."""
+
+    def __init__(self, pipeline_id: str, state: str, action: str, problem: str) -> None:
+        super().__init__(f"schedule {pipeline_id!r} is {state}: {problem}")
+        self.pipeline_id = pipeline_id
+        self.state = state
+        self.action = action
+
+
+class InvalidArgument(AgoraError):
+    """A filter, cursor or option is malformed; ``field`` names it."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+
 class InvalidJob(AgoraError):
     """An enqueue request is malformed; ``field`` names the bad argument."""
 

@@ -35,6 +35,8 @@ class Settings:
     - ``WORKER_SHUTDOWN_TIMEOUT``: seconds in-flight jobs get after SIGTERM [30]
     - ``WORKER_RETRY_BACKOFF_SECONDS``: delay before the first retry [2]
     - ``WORKER_RETRY_BACKOFF_MAX_SECONDS``: cap of the exponential delay [3600]
+    - ``AGORA_PG_API_TOKEN``: bearer token the API requires [none: no authentication]
+    - ``AGORA_PG_API_MAX_PAYLOAD_BYTES``: largest job payload the API accepts [1048576]
     """
 
     database_url: str | None = None
@@ -48,6 +50,8 @@ class Settings:
     shutdown_timeout: float = 30.0
     retry_backoff_seconds: float = 2.0
     retry_backoff_max_seconds: float = 3600.0
+    api_token: str | None = dataclasses.field(default=None, repr=False)
+    api_max_payload_bytes: int = 1024 * 1024
 
     def __post_init__(self) -> None:
         _require(self.poll_seconds > 0, "WORKER_POLL_SECONDS", "must be > 0")
@@ -57,6 +61,9 @@ class Settings:
         _require(self.shutdown_timeout >= 0, "WORKER_SHUTDOWN_TIMEOUT", "must be >= 0")
         _require(self.retry_backoff_seconds >= 0, "WORKER_RETRY_BACKOFF_SECONDS", "must be >= 0")
         _require(self.retry_backoff_max_seconds >= 0, "WORKER_RETRY_BACKOFF_MAX_SECONDS", "must be >= 0")
+        _require(self.api_max_payload_bytes >= 1, "AGORA_PG_API_MAX_PAYLOAD_BYTES", "must be >= 1")
+        _require(self.api_token is None or len(self.api_token) >= 16, "AGORA_PG_API_TOKEN",
+                 "must be at least 16 characters")
         _require(bool(self.queues), "WORKER_QUEUES", "must name at least one queue")
         for queue in self.queues:
             _require(bool(queue) and queue == queue.strip(), "WORKER_QUEUES", f"bad queue name {queue!r}")
@@ -84,6 +91,8 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         retry_backoff_max_seconds=_float(
             env, "WORKER_RETRY_BACKOFF_MAX_SECONDS", defaults.retry_backoff_max_seconds
         ),
+        api_token=env.get("AGORA_PG_API_TOKEN") or None,
+        api_max_payload_bytes=_int(env, "AGORA_PG_API_MAX_PAYLOAD_BYTES", defaults.api_max_payload_bytes),
     )
 
 

@@ -7,6 +7,8 @@ same whatever JSON codec a caller's connection has installed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from agora_pg.db.tables import ALIVE, CLAIMABLE
 
 JOB_COLUMNS = (
@@ -307,7 +309,8 @@ FINISH_PIPELINE_RUN = """
 WITH released AS (
     UPDATE agora.schedules
     SET lease_owner = NULL, lease_expires_at = NULL, last_finished_at = clock_timestamp(),
-        last_status = $4, consecutive_errors = $7, last_error = $6, next_run_at = $8, state = $9
+        last_status = $4, consecutive_errors = $7, last_error = $6, next_run_at = $8,
+        state = CASE WHEN state = 'paused' AND $9 = 'active' THEN 'paused' ELSE $9 END  -- paused meanwhile
     WHERE pipeline_id = $1 AND lease_owner = $2
     RETURNING pipeline_id
 )
@@ -337,3 +340,123 @@ RETURNING r.id
 
 # Database liveness for the health server.
 PING = "SELECT 1"
+
+# -- listing and changing jobs, schedules and runs (the API and the operator CLI) ----
+
+RUN_COLUMNS = (
+    "id, job_id, pipeline_id, attempt, worker_id, started_at, finished_at, status, error_type, "
+    "error_message, scheduled_for"
+)
+
+# Filters a job listing may combine: each compares one column with one parameter.
+JOB_FILTERS = {"status": "status = {}", "kind": "kind = {}", "queue": "queue = {}", "before_id": "id < {}"}
+
+# Filters a run listing may combine.
+RUN_FILTERS = {
+    "pipeline_id": "pipeline_id = {}",
+    "job_id": "job_id = {}",
+    "status": "status = {}",
+    "since": "started_at >= {}",
+    "until": "started_at < {}",
+    "before_id": "id < {}",
+}
+
+
+def _where(fragments: dict[str, str], names: Sequence[str]) -> str:
+    """``WHERE`` joining the fragments named (in that order, as parameters $1, $2, ...)."""
+    if not names:
+        return ""
+    return "WHERE " + " AND ".join(fragments[name].format(f"${i}") for i, name in enumerate(names, 1))
+
+
+def list_jobs(filters: Sequence[str]) -> str:
+    """Jobs matching ``filters`` (names of ``JOB_FILTERS``, values passed in that order),
+    newest first, at most the last parameter's number of rows."""
+    return (
+        f"SELECT {JOB_COLUMNS} FROM agora.jobs {_where(JOB_FILTERS, filters)} "
+        f"ORDER BY id DESC LIMIT ${len(filters) + 1}"
+    )
+
+
+def list_runs(filters: Sequence[str]) -> str:
+    """Runs matching ``filters`` (names of ``RUN_FILTERS``), newest first, at most the last parameter's rows."""
+    return (
+        f"SELECT {RUN_COLUMNS} FROM agora.runs {_where(RUN_FILTERS, filters)} "
+        f"ORDER BY id DESC LIMIT ${len(filters) + 1}"
+    )
+
+
+# Every run of one job, oldest first.
+SELECT_JOB_RUNS = f"SELECT {RUN_COLUMNS} FROM agora.runs WHERE job_id = $1 ORDER BY attempt, id"
+
+# Give a failed or cancelled job another attempt now. retry_count keeps counting, so it
+# retries on its own again only while retry_count < max_retries.
+RETRY_JOB = f"""
+UPDATE agora.jobs
+SET status = 'pending', run_at = now(), finished_at = NULL, locked_by = NULL, lease_expires_at = NULL
+WHERE id = $1 AND status IN ('failed', 'cancelled')
+RETURNING {JOB_COLUMNS}
+"""
+
+# Every schedule, by pipeline id.
+LIST_SCHEDULES = f"SELECT {SCHEDULE_COLUMNS} FROM agora.schedules ORDER BY pipeline_id"
+
+# A changed schedule wakes the workers serving it (payload: the pipeline id).
+SCHEDULES_CHANNEL = "agora_schedules"
+_WAKE_SCHEDULE = f"pg_notify('{SCHEDULES_CHANNEL}', pipeline_id) AS woken"
+
+# Pause schedule $1: no new run starts until it is resumed (a running one finishes).
+PAUSE_SCHEDULE = f"""
+UPDATE agora.schedules SET state = 'paused', updated_at = now()
+WHERE pipeline_id = $1 AND state IN ('active', 'paused')
+RETURNING {SCHEDULE_COLUMNS}
+"""
+
+# Resume schedule $1. A stopped one (too many consecutive errors) starts again now, with
+# its error count reset; a paused one keeps its next_run_at (if that passed, it runs now, once).
+RESUME_SCHEDULE = f"""
+UPDATE agora.schedules
+SET state = 'active', updated_at = now(),
+    consecutive_errors = CASE WHEN state = 'stopped' THEN 0 ELSE consecutive_errors END,
+    next_run_at = CASE WHEN state = 'stopped' THEN now() ELSE next_run_at END
+WHERE pipeline_id = $1 AND state IN ('active', 'paused', 'stopped')
+RETURNING {SCHEDULE_COLUMNS}, {_WAKE_SCHEDULE}
+"""
+
+# Make active, idle schedule $1 due now: it runs once at once, then on its schedule.
+TRIGGER_SCHEDULE = f"""
+UPDATE agora.schedules SET next_run_at = now(), updated_at = now()
+WHERE pipeline_id = $1 AND state = 'active'
+  AND (lease_owner IS NULL OR lease_expires_at < clock_timestamp())
+RETURNING {SCHEDULE_COLUMNS}, {_WAKE_SCHEDULE}
+"""
+
+# -- metrics (each reads an index, not the whole history) --------------------------
+
+# Live jobs (pending, processing, failed and waiting for a retry) by queue and status.
+METRIC_LIVE_JOBS = f"""
+SELECT queue, status, count(*) AS jobs FROM agora.jobs
+WHERE ({CLAIMABLE}) OR status = 'processing'
+GROUP BY queue, status
+"""
+
+# Per queue, seconds since the oldest due pending job became due.
+METRIC_OLDEST_DUE = """
+SELECT queue, extract(epoch FROM now() - min(run_at)) AS age_seconds FROM agora.jobs
+WHERE status = 'pending' AND run_at <= now()
+GROUP BY queue
+"""
+
+# Runs finished in the last $1 seconds, by outcome.
+METRIC_RECENT_RUNS = """
+SELECT status, count(*) AS runs FROM agora.runs
+WHERE finished_at > now() - make_interval(secs => $1)
+GROUP BY status
+"""
+
+# Schedules by state, and how many active ones are backing off after errors.
+METRIC_SCHEDULES = """
+SELECT state, count(*) AS schedules,
+       count(*) FILTER (WHERE state = 'active' AND consecutive_errors > 0) AS in_backoff
+FROM agora.schedules GROUP BY state
+"""

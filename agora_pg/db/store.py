@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, cast
 
 import asyncpg
@@ -30,7 +30,17 @@ from agora_pg.db.schedule_rows import (
     ScheduleRegistration,
     ScheduleRow,
 )
-from agora_pg.errors import DatabaseUnavailable, InvalidTransition, JobNotFound, TransientDatabaseError
+from agora_pg.db.run_rows import MetricsSnapshot, RunRow
+from agora_pg.errors import (
+    DatabaseUnavailable,
+    InvalidTransition,
+    JobConflict,
+    JobNotFound,
+    ScheduleConflict,
+    ScheduleNotFound,
+    SchemaNotReady,
+    TransientDatabaseError,
+)
 from agora_pg.job_spec import JobSpec
 from agora_pg.jobs import Job, JobStatus
 
@@ -107,6 +117,11 @@ class Store:
             raise self._unavailable(error) from error
         except asyncpg.TransactionRollbackError as error:  # deadlock or serialization failure
             raise TransientDatabaseError(f"transient conflict, retry: {error}") from error
+        except (asyncpg.UndefinedTableError, asyncpg.InvalidSchemaNameError) as error:
+            raise SchemaNotReady(
+                f"the agora schema is missing or incomplete in {self.database.display_url} ({error}): "
+                "run agora-pg migrate"
+            ) from error
 
     async def run_sync_in_transaction(self, function: Callable[[SyncConnection], None]) -> None:
         """Run ``function(connection)`` (synchronous SQLAlchemy code such as
@@ -169,6 +184,28 @@ class Store:
             return row_to_job(rows[0])
         job = await self.get_job(job_id)
         raise InvalidTransition(job_id, job.status.value, JobStatus.CANCELLED.value)
+
+    async def list_jobs(self, filters: Mapping[str, Any], limit: int) -> list[Job]:
+        """Jobs newest first; ``filters`` maps names of ``queries.JOB_FILTERS`` to values
+        (``before_id`` pages: the jobs older than that id)."""
+        names = [name for name in queries.JOB_FILTERS if filters.get(name) is not None]
+        rows = await self._fetch(queries.list_jobs(names), *(filters[name] for name in names), limit)
+        return [row_to_job(row) for row in rows]
+
+    async def job_runs(self, job_id: int) -> list[RunRow]:
+        """Every recorded attempt of a job, oldest first."""
+        return [RunRow.from_row(row) for row in await self._fetch(queries.SELECT_JOB_RUNS, job_id)]
+
+    async def retry_job(self, job_id: int) -> Job:
+        """Put a failed or cancelled job back to pending, due now."""
+        try:
+            rows = await self._fetch(queries.RETRY_JOB, job_id)
+        except asyncpg.UniqueViolationError:
+            raise JobConflict(job_id, "another live job holds its dedup_key") from None
+        if rows:
+            return row_to_job(rows[0])
+        job = await self.get_job(job_id)
+        raise InvalidTransition(job_id, job.status.value, JobStatus.PENDING.value)
 
     # -- claiming and finishing ---------------------------------------------------
 
@@ -292,6 +329,57 @@ class Store:
     async def release_pipeline_run(self, pipeline_id: str, worker_id: str, run_id: int) -> bool:
         rows = await self._fetch(queries.RELEASE_PIPELINE_RUN, pipeline_id, worker_id, run_id)
         return bool(rows)
+
+    async def list_schedules(self) -> list[ScheduleRow]:
+        return [ScheduleRow.from_row(row) for row in await self._fetch(queries.LIST_SCHEDULES)]
+
+    async def pause_schedule(self, pipeline_id: str) -> ScheduleRow:
+        """Stop starting runs of a schedule until it is resumed."""
+        return await self._change_schedule(queries.PAUSE_SCHEDULE, pipeline_id, "pause", "only an active schedule pauses")
+
+    async def resume_schedule(self, pipeline_id: str) -> ScheduleRow:
+        """Start a paused or stopped schedule again."""
+        return await self._change_schedule(
+            queries.RESUME_SCHEDULE, pipeline_id, "resume", "a completed once schedule does not run again"
+        )
+
+    async def trigger_schedule(self, pipeline_id: str) -> ScheduleRow:
+        """Make an active, idle schedule due now (it runs once, then on its schedule)."""
+        return await self._change_schedule(
+            queries.TRIGGER_SCHEDULE, pipeline_id, "trigger", "only an active schedule that is not running can be triggered"
+        )
+
+    async def _change_schedule(self, statement: str, pipeline_id: str, action: str, problem: str) -> ScheduleRow:
+        rows = await self._fetch(statement, pipeline_id)
+        if rows:
+            return ScheduleRow.from_row(rows[0])
+        row = await self.get_schedule(pipeline_id)
+        if row is None:
+            raise ScheduleNotFound(pipeline_id)
+        state = "running" if row.state == "active" and row.lease_owner is not None else row.state
+        raise ScheduleConflict(pipeline_id, state, action, problem)
+
+    async def list_runs(self, filters: Mapping[str, Any], limit: int) -> list[RunRow]:
+        """Runs newest first; ``filters`` maps names of ``queries.RUN_FILTERS`` to values."""
+        names = [name for name in queries.RUN_FILTERS if filters.get(name) is not None]
+        rows = await self._fetch(queries.list_runs(names), *(filters[name] for name in names), limit)
+        return [RunRow.from_row(row) for row in rows]
+
+    async def metrics(self, recent_window_seconds: float = 300.0) -> MetricsSnapshot:
+        """Queue depth, waiting time, recent run outcomes and schedule states, in one transaction."""
+        async with self.connection() as connection, connection.transaction(readonly=True):
+            live = await connection.fetch(queries.METRIC_LIVE_JOBS)
+            oldest = await connection.fetch(queries.METRIC_OLDEST_DUE)
+            runs = await connection.fetch(queries.METRIC_RECENT_RUNS, recent_window_seconds)
+            schedules = await connection.fetch(queries.METRIC_SCHEDULES)
+        return MetricsSnapshot(
+            live_jobs=[(row["queue"], row["status"], row["jobs"]) for row in live],
+            oldest_due_seconds={row["queue"]: float(row["age_seconds"]) for row in oldest},
+            recent_runs={row["status"]: row["runs"] for row in runs},
+            recent_window_seconds=recent_window_seconds,
+            schedules={row["state"]: row["schedules"] for row in schedules},
+            schedules_in_backoff=sum(row["in_backoff"] for row in schedules),
+        )
 
     async def ping(self) -> None:
         async with self.connection() as connection:

@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ import pytest
 
 from ..conftest import Processes
 from .pipeline_app import CREATE_EVENTS
-from .test_worker_processes import eventually, scalar, stop, worker_env
+from .test_worker_processes import eventually, free_port, scalar, stop, worker_env
 
 HERE = Path(__file__).resolve().parent
 pytestmark = pytest.mark.acceptance
@@ -46,12 +45,6 @@ async def fetch(url: str, sql: str, *args: Any) -> list[asyncpg.Record]:
 
 async def run_statuses(url: str) -> list[str]:
     return [row["status"] for row in await fetch(url, "SELECT status FROM agora.runs WHERE pipeline_id = 'acceptance' ORDER BY id")]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def http_get(url: str) -> tuple[int, dict[str, Any]]:

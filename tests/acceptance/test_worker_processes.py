@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -36,6 +37,12 @@ def worker_env(database_url: str, **extra: str) -> dict[str, str]:
     )
     env.update(extra)
     return env
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def start_worker(processes: Processes, database_url: str, *args: str, **env: str) -> subprocess.Popen[bytes]:

@@ -1,0 +1,59 @@
+"""``create_app(settings)``: the Litestar application of agora-pg."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+from litestar import Litestar
+from litestar.datastructures import State
+from litestar.di import Provide
+from litestar.openapi import OpenAPIConfig
+
+from agora_pg.api.auth import token_guard
+from agora_pg.api.errors import error_response
+from agora_pg.api.jobs import JobController
+from agora_pg.api.probes import health, metrics, ready
+from agora_pg.api.runs import RunController
+from agora_pg.api.schedules import ScheduleController
+from agora_pg.db import migrate
+from agora_pg.db.connect import resolve_database
+from agora_pg.db.store import Store
+from agora_pg.settings import Settings
+
+API_VERSION = "0.1.0"
+REQUEST_BODY_HEADROOM = 64 * 1024  # JSON around the payload: kind, name, queue, ...
+
+
+def create_app(settings: Settings, store: Store | None = None) -> Litestar:
+    """The API on ``store``, or on a Store of the settings' database opened for the
+    app's lifetime (the embedded server when no URL is set)."""
+
+    @contextlib.asynccontextmanager
+    async def own_store(app: Litestar) -> AsyncIterator[None]:
+        async with resolve_database(settings) as database:
+            own = Store.open(database)
+            app.state.store = own
+            try:
+                yield
+            finally:
+                await own.close()
+
+    return Litestar(
+        route_handlers=[JobController, ScheduleController, RunController, health, ready, metrics],
+        dependencies={
+            "store": Provide(_store, sync_to_thread=False),
+            "settings": Provide(lambda: settings, sync_to_thread=False),
+        },
+        guards=[token_guard(settings.api_token)] if settings.api_token else [],
+        exception_handlers={Exception: error_response},
+        state=State({"schema_heads": migrate.head_revisions(), **({"store": store} if store else {})}),
+        lifespan=[] if store is not None else [own_store],
+        request_max_body_size=settings.api_max_payload_bytes + REQUEST_BODY_HEADROOM,
+        openapi_config=OpenAPIConfig(title="agora-pg", version=API_VERSION, path="/schema"),
+    )
+
+
+def _store(state: State) -> Store:
+    store: Store = state.store
+    return store

@@ -1,0 +1,89 @@
+"""``/jobs``: enqueue, list, show, retry and cancel jobs."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+from litestar.di import NamedDependency
+from litestar import Controller, Response, get, post
+from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
+
+from agora_pg.api import params
+from agora_pg.api.errors import PayloadTooLarge
+from agora_pg.api.schemas import JobCreate, JobOut, JobPage
+from agora_pg.db.store import Store
+from agora_pg.errors import InvalidJob, JobNotFound
+from agora_pg.job_spec import JobSpec
+from agora_pg.jobs import JobStatus
+from agora_pg.settings import Settings
+
+
+class JobController(Controller):
+    path = "/jobs"
+    tags = ["jobs"]
+
+    @post("/", status_code=201, responses=None)
+    async def create_job(self, data: JSONBody[JobCreate], store: NamedDependency[Store], settings: NamedDependency[Settings]) -> Response[JobOut]:
+        """Enqueue a job: 201 with the new job, or 200 with the live job holding its ``dedup_key``."""
+        size = len(_encoded_payload(data.payload))
+        if size > settings.api_max_payload_bytes:
+            raise PayloadTooLarge(size, settings.api_max_payload_bytes)
+        for field in ("kind", "name", "queue", "dedup_key"):
+            params.text_filter(field, getattr(data, field))
+        spec = JobSpec(
+            kind=data.kind, payload=data.payload, name=data.name, queue=data.queue, priority=data.priority,
+            run_at=data.run_at, max_retries=data.max_retries, dedup_key=data.dedup_key,
+        )
+        [(job, created)] = await store.enqueue([spec], None, settings.max_retries)
+        return Response(JobOut.of(job), status_code=201 if created else 200)
+
+    @get("/")
+    async def list_jobs(
+        self,
+        store: NamedDependency[Store],
+        status: FromQuery[JobStatus | None] = None,
+        kind: FromQuery[str | None] = None,
+        queue: FromQuery[str | None] = None,
+        limit: Annotated[int, QueryParameter(ge=1, le=params.MAX_LIMIT)] = params.DEFAULT_LIMIT,
+        cursor: FromQuery[str | None] = None,
+    ) -> JobPage:
+        """Jobs newest first, filtered by status, kind and queue; page on with ``cursor``."""
+        filters = {
+            "status": None if status is None else status.value,
+            "kind": params.text_filter("kind", kind),
+            "queue": params.text_filter("queue", queue),
+            "before_id": params.cursor_id(cursor),
+        }
+        jobs = await store.list_jobs(filters, params.page_limit(limit))
+        return JobPage([JobOut.of(job) for job in jobs], params.next_cursor([job.id for job in jobs], limit))
+
+    @get("/{job_id:int}")
+    async def get_job(self, job_id: FromPath[int], store: NamedDependency[Store]) -> JobOut:
+        """One job with all its runs."""
+        if not params.known_id(job_id):
+            raise JobNotFound(job_id)
+        job = await store.get_job(job_id)
+        return JobOut.of(job, await store.job_runs(job_id))
+
+    @post("/{job_id:int}/retry", status_code=200)
+    async def retry_job(self, job_id: FromPath[int], store: NamedDependency[Store]) -> JobOut:
+        """Put a failed or cancelled job back to pending, due now (409 otherwise)."""
+        if not params.known_id(job_id):
+            raise JobNotFound(job_id)
+        return JobOut.of(await store.retry_job(job_id))
+
+    @post("/{job_id:int}/cancel", status_code=200)
+    async def cancel_job(self, job_id: FromPath[int], store: NamedDependency[Store]) -> JobOut:
+        """Cancel a job that has not started (409 for a running or finished one)."""
+        if not params.known_id(job_id):
+            raise JobNotFound(job_id)
+        return JobOut.of(await store.cancel_job(job_id))
+
+
+def _encoded_payload(value: object) -> bytes:
+    """The payload as JSON; text PostgreSQL cannot store (lone surrogates) is bad input."""
+    try:
+        return msgspec.json.encode(value)
+    except UnicodeError:
+        raise InvalidJob("payload", "contains text that is not valid UTF-8") from None

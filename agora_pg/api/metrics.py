@@ -1,0 +1,41 @@
+"""Render a ``MetricsSnapshot`` in the Prometheus text format."""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
+
+from agora_pg.db.run_rows import MetricsSnapshot
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+def render_metrics(snapshot: MetricsSnapshot) -> bytes:
+    """Gauges read from the database at scrape time (a registry per scrape: the values
+    are the database's, not this process's, so nothing accumulates here)."""
+    registry = CollectorRegistry(auto_describe=True)
+    jobs = Gauge(
+        "agora_jobs", "Live jobs: pending, processing, or failed and waiting for a retry.",
+        ["queue", "status"], registry=registry,
+    )
+    for queue, status, count in snapshot.live_jobs:
+        jobs.labels(queue=queue, status=status).set(count)
+    oldest = Gauge(
+        "agora_oldest_due_job_age_seconds", "Seconds the oldest due pending job of a queue has waited.",
+        ["queue"], registry=registry,
+    )
+    for queue, age in snapshot.oldest_due_seconds.items():
+        oldest.labels(queue=queue).set(age)
+    runs = Gauge(
+        "agora_runs_recent",
+        f"Runs (job attempts and pipeline ticks) finished in the last {snapshot.recent_window_seconds:g} s, by outcome.",
+        ["outcome"], registry=registry,
+    )
+    for outcome in ("succeeded", "failed", "abandoned", "cancelled"):
+        runs.labels(outcome=outcome).set(snapshot.recent_runs.get(outcome, 0))
+    schedules = Gauge("agora_schedules", "Scheduled pipelines by state.", ["state"], registry=registry)
+    for state in ("active", "paused", "stopped", "completed"):
+        schedules.labels(state=state).set(snapshot.schedules.get(state, 0))
+    Gauge(
+        "agora_schedules_in_backoff", "Active schedules waiting out an error backoff.", registry=registry
+    ).set(snapshot.schedules_in_backoff)
+    return generate_latest(registry)

@@ -1,0 +1,146 @@
+"""``agora-pg jobs ...`` and ``agora-pg runs list``: the database, straight from a shell."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import AsyncIterator
+from datetime import datetime
+from typing import Any
+
+from agora_pg.commands.tables import render_table
+from agora_pg.db.connect import resolve_database
+from agora_pg.db.run_rows import RunRow
+from agora_pg.db.store import Store
+from agora_pg.errors import InvalidArgument, JobNotFound
+from agora_pg.job_spec import JobSpec
+from agora_pg.jobs import Job, JobStatus, RunStatus
+from agora_pg.settings import Settings, load_settings
+
+JOB_HEADERS = ("id", "kind", "queue", "status", "retries", "run_at", "finished_at", "error")
+RUN_HEADERS = ("id", "job_id", "pipeline_id", "attempt", "status", "started_at", "finished_at", "worker", "error")
+
+
+@contextlib.asynccontextmanager
+async def operator_store() -> AsyncIterator[tuple[Store, Settings]]:
+    settings = load_settings(os.environ)
+    async with resolve_database(settings) as database:
+        store = Store.open(database, pool_size=1)
+        try:
+            yield store, settings
+        finally:
+            await store.close()
+
+
+def job_row(job: Job) -> tuple[object, ...]:
+    retries = f"{job.retry_count}/{job.max_retries if job.max_retries is not None else '-'}"
+    return (job.id, job.kind, job.queue, job.status.value, retries, job.run_at, job.finished_at, job.error_message)
+
+
+def run_row(run: RunRow) -> tuple[object, ...]:
+    return (run.id, run.job_id, run.pipeline_id, run.attempt, run.status, run.started_at, run.finished_at,
+            run.worker_id, run.error_message)
+
+
+def parse_payload(text: str) -> dict[str, Any]:
+    try:
+        payload = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise InvalidArgument("--payload", f"not JSON: {error}") from None
+    if not isinstance(payload, dict):
+        raise InvalidArgument("--payload", f"expected a JSON object, got {type(payload).__name__}")
+    return payload
+
+
+def parse_time(option: str, text: str | None) -> datetime | None:
+    if text is None:
+        return None
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidArgument(option, f"expected an ISO 8601 time such as 2026-01-01T09:00:00+00:00, got {text!r}") from None
+    if value.tzinfo is None:
+        raise InvalidArgument(option, f"expected a time with a UTC offset (add +00:00 or Z), got {text!r}")
+    return value
+
+
+def parse_choice(option: str, text: str | None, choices: type[JobStatus] | type[RunStatus]) -> str | None:
+    if text is None:
+        return None
+    allowed = [member.value for member in choices]
+    if text not in allowed:
+        raise InvalidArgument(option, f"expected one of {', '.join(allowed)}, got {text!r}")
+    return text
+
+
+async def submit(kind: str, payload: str, queue: str, priority: int, run_at: str | None, max_retries: int | None,
+                 dedup_key: str | None, name: str | None) -> str:
+    spec = JobSpec(kind=kind, payload=parse_payload(payload), name=name, queue=queue, priority=priority,
+                   run_at=parse_time("--run-at", run_at), max_retries=max_retries, dedup_key=dedup_key)
+    async with operator_store() as (store, settings):
+        [(job, created)] = await store.enqueue([spec], None, settings.max_retries)
+    note = "" if created else f"\n(a live job with dedup key {dedup_key!r} already existed)"
+    return render_table(JOB_HEADERS, [job_row(job)]) + note
+
+
+async def list_jobs(status: str | None, kind: str | None, queue: str | None, limit: int) -> str:
+    filters = {"status": parse_choice("--status", status, JobStatus), "kind": kind, "queue": queue}
+    async with operator_store() as (store, _settings):
+        jobs = await store.list_jobs(filters, _limit(limit))
+    return render_table(JOB_HEADERS, [job_row(job) for job in jobs])
+
+
+async def show_job(job_id: int) -> str:
+    _known(job_id)
+    async with operator_store() as (store, _settings):
+        job = await store.get_job(job_id)
+        runs = await store.job_runs(job_id)
+    details = [
+        ("id", job.id), ("name", job.name), ("kind", job.kind), ("queue", job.queue), ("status", job.status.value),
+        ("priority", job.priority), ("run_at", job.run_at), ("retry_count", job.retry_count),
+        ("max_retries", job.max_retries), ("dedup_key", job.dedup_key), ("created_at", job.created_at),
+        ("started_at", job.started_at), ("finished_at", job.finished_at), ("locked_by", job.locked_by),
+        ("error_message", job.error_message), ("payload", json.dumps(job.payload)),
+    ]
+    width = max(len(key) for key, _ in details)
+    lines = [f"{key.ljust(width)}  {value if value is not None else '-'}" for key, value in details]
+    return "\n".join(lines) + "\n\nruns:\n" + render_table(RUN_HEADERS, [run_row(run) for run in runs])
+
+
+async def retry_job(job_id: int) -> str:
+    _known(job_id)
+    async with operator_store() as (store, _settings):
+        job = await store.retry_job(job_id)
+    return render_table(JOB_HEADERS, [job_row(job)])
+
+
+async def cancel_job(job_id: int) -> str:
+    _known(job_id)
+    async with operator_store() as (store, _settings):
+        job = await store.cancel_job(job_id)
+    return render_table(JOB_HEADERS, [job_row(job)])
+
+
+async def list_runs(pipeline_id: str | None, job_id: int | None, status: str | None, since: str | None,
+                    until: str | None, limit: int) -> str:
+    if job_id is not None:
+        _known(job_id)
+    filters = {
+        "pipeline_id": pipeline_id, "job_id": job_id, "status": parse_choice("--status", status, RunStatus),
+        "since": parse_time("--since", since), "until": parse_time("--until", until),
+    }
+    async with operator_store() as (store, _settings):
+        runs = await store.list_runs(filters, _limit(limit))
+    return render_table(RUN_HEADERS, [run_row(run) for run in runs])
+
+
+def _known(job_id: int) -> None:
+    if not 1 <= job_id <= 2**63 - 1:  # no row can have it, and the driver would refuse it
+        raise JobNotFound(job_id)
+
+
+def _limit(limit: int) -> int:
+    if not 1 <= limit <= 10_000:
+        raise InvalidArgument("--limit", f"must be between 1 and 10000, got {limit}")
+    return limit

@@ -1,0 +1,41 @@
+"""Runs as rows: one attempt of a job, or one tick of a scheduled pipeline."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class RunRow:
+    """One row of ``agora.runs`` (``queries.RUN_COLUMNS``)."""
+
+    id: int
+    job_id: int | None
+    pipeline_id: str | None
+    attempt: int
+    worker_id: str | None
+    started_at: datetime
+    finished_at: datetime | None
+    status: str
+    error_type: str | None
+    error_message: str | None
+    scheduled_for: datetime | None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> RunRow:
+        return cls(**{field.name: row[field.name] for field in dataclasses.fields(cls)})
+
+
+@dataclasses.dataclass(frozen=True)
+class MetricsSnapshot:
+    """What ``/metrics`` reports, read in one go."""
+
+    live_jobs: list[tuple[str, str, int]]  # queue, status, count
+    oldest_due_seconds: dict[str, float]  # queue -> age of its oldest due pending job
+    recent_runs: dict[str, int]  # outcome -> runs finished in the window
+    recent_window_seconds: float
+    schedules: dict[str, int]  # state -> count
+    schedules_in_backoff: int

@@ -1,0 +1,158 @@
+"""`agora-pg api`, `agora-pg worker` and `agora-pg dev` as real processes, driven over HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+
+from ..conftest import Processes
+from .test_worker_processes import eventually, free_port, stop, worker_env
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "agora_pg.cli", *args]
+
+
+async def wait_ready(base: str, process: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    async def answers() -> bool:
+        assert process.poll() is None, f"exited with {process.returncode}"
+        try:
+            async with httpx.AsyncClient() as client:
+                return (await client.get(f"{base}/ready", timeout=2)).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    await eventually(answers, timeout, f"{base}/ready")
+
+
+async def wait_status(client: httpx.AsyncClient, job_id: int, status: str, timeout: float = 60) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+
+    async def reached() -> bool:
+        seen.update((await client.get(f"/jobs/{job_id}")).json())
+        return seen["status"] == status
+
+    await eventually(reached, timeout, f"job {job_id} to become {status}")
+    return seen
+
+
+async def test_job_submitted_over_http_is_run_by_a_worker_process(database_url: str, processes: Processes) -> None:
+    port = free_port()
+    env = worker_env(database_url, WORKER_MAX_RETRIES="2")
+    api = processes.start(cli("api", "--port", str(port)), env, REPO)
+    worker = processes.start(cli("worker", "--module", "worker", "--health-port", str(free_port())), env, REPO)
+    base = f"http://127.0.0.1:{port}"
+    await wait_ready(base, api)
+    async with httpx.AsyncClient(base_url=base, timeout=10) as client:
+        created = await client.post("/jobs", json={"name": "hello", "kind": "echo", "payload": {"message": "hi"}})
+        assert created.status_code == 201, created.text
+        done = await wait_status(client, created.json()["id"], "done")
+        assert [run["status"] for run in done["runs"]] == ["succeeded"]
+
+        failing = await client.post("/jobs", json={"kind": "fail"})
+        failed = await wait_status(client, failing.json()["id"], "failed")
+
+        async def exhausted() -> bool:
+            failed.update((await client.get(f"/jobs/{failing.json()['id']}")).json())
+            return failed["retry_count"] == 2
+
+        await eventually(exhausted, 60, "the failing job to use its two attempts")
+        assert failed["status"] == "failed" and "always fails" in failed["error_message"]
+        assert [run["status"] for run in failed["runs"]] == ["failed", "failed"]
+    for process in (worker, api):
+        code, output = stop(process)
+        assert code == 0, output
+
+
+async def test_api_refuses_a_public_address_without_a_token(database_url: str, processes: Processes) -> None:
+    refused = subprocess.run(cli("api", "--host", "0.0.0.0", "--port", str(free_port())),
+                             env=worker_env(database_url), cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines()[-1].startswith("agora-pg: --host: refusing to serve on 0.0.0.0")
+
+
+async def test_api_on_a_public_address_with_a_token(database_url: str, processes: Processes) -> None:
+    port = free_port()
+    token = "t" * 32
+    api = processes.start(cli("api", "--host", "0.0.0.0", "--port", str(port)),
+                          worker_env(database_url, AGORA_PG_API_TOKEN=token), REPO)
+    base = f"http://127.0.0.1:{port}"
+    await wait_ready(base, api)
+    async with httpx.AsyncClient(base_url=base) as client:
+        assert (await client.get("/jobs")).status_code == 401
+        assert (await client.get("/jobs", headers={"Authorization": f"Bearer {token}"})).status_code == 200
+    code, output = stop(api)
+    assert code == 0, output
+
+
+async def test_dev_runs_api_and_worker_until_ctrl_c(database_url: str, processes: Processes) -> None:
+    port = free_port()
+    dev = processes.start(cli("dev", "--port", str(port), "--health-port", str(free_port())),
+                          worker_env(database_url), REPO)
+    base = f"http://127.0.0.1:{port}"
+    await wait_ready(base, dev)
+    children = psutil.Process(dev.pid).children(recursive=True)
+    assert len(children) >= 2
+    async with httpx.AsyncClient(base_url=base, timeout=10) as client:
+        job = (await client.post("/jobs", json={"kind": "echo", "payload": {"message": "from dev"}})).json()
+        await wait_status(client, job["id"], "done")
+        runs = (await client.get("/runs", params={"job_id": job["id"]})).json()["items"]
+        assert [run["status"] for run in runs] == ["succeeded"]
+        metrics = (await client.get("/metrics")).text
+        assert 'agora_runs_recent{outcome="succeeded"}' in metrics
+    os.kill(dev.pid, signal.SIGINT)
+    output, _ = dev.communicate(timeout=60)
+    text = output.decode(errors="replace")
+    assert dev.returncode == 0, text
+    assert f"API on http://127.0.0.1:{port}" in text
+    deadline = time.monotonic() + 10
+    while any(child.is_running() and child.status() != psutil.STATUS_ZOMBIE for child in children):
+        assert time.monotonic() < deadline, [child.pid for child in children if child.is_running()]
+        time.sleep(0.1)
+
+
+def test_jobs_and_runs_commands_print_tables(database_url: str) -> None:
+    env = worker_env(database_url)
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(cli("--log-level", "WARNING", *args), env=env, cwd=REPO, capture_output=True,
+                              text=True, timeout=60)
+
+    submitted = run("jobs", "submit", "report", "--payload", json.dumps({"month": 5}), "--queue", "reports")
+    assert submitted.returncode == 0, submitted.stderr
+    header, _rule, row = submitted.stdout.strip().splitlines()
+    assert header.split()[:4] == ["id", "kind", "queue", "status"]
+    job_id = row.split()[0]
+    assert row.split()[1:4] == ["report", "reports", "pending"]
+
+    listed = run("jobs", "list", "--queue", "reports")
+    assert listed.returncode == 0 and job_id in listed.stdout
+    shown = run("jobs", "show", job_id)
+    assert shown.returncode == 0 and '{"month": 5}' in shown.stdout
+    assert run("jobs", "cancel", job_id).stdout.splitlines()[2].split()[3] == "cancelled"
+    assert run("jobs", "retry", job_id).stdout.splitlines()[2].split()[3] == "pending"
+    assert run("runs", "list").returncode == 0
+
+    for args, words in [
+        (("jobs", "submit", "k", "--payload", "[1]"), "--payload: expected a JSON object"),
+        (("jobs", "submit", "k", "--run-at", "2030-01-01T00:00:00"), "--run-at: expected a time with a UTC offset"),
+        (("jobs", "list", "--status", "asleep"), "--status: expected one of"),
+        (("jobs", "show", "99999999"), "job 99999999 does not exist"),
+        (("jobs", "retry", job_id, ), f"job {job_id} is pending; it cannot become pending"),
+    ]:
+        result = run(*args)
+        assert result.returncode in (1, 2), (args, result)
+        assert result.stderr.strip().splitlines()[-1] == f"agora-pg: {words}" or words in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr

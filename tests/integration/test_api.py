@@ -1,0 +1,334 @@
+"""The REST API through Litestar's test client, on a real database."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import httpx
+from litestar import Litestar
+
+from agora_pg.api import create_app
+from agora_pg.db.schedule_rows import ScheduleRegistration
+from agora_pg.db.store import Store
+from agora_pg.settings import Settings
+
+TOKEN = "s3cret-token-0123456789"
+
+
+@contextlib.asynccontextmanager
+async def api_client(app: Litestar) -> AsyncIterator[httpx.AsyncClient]:
+    """A client calling the app in this event loop (Litestar's AsyncTestClient runs the
+    app in another thread's loop, where the test's Store connections cannot go). The app
+    is given the Store, so it has no lifespan to run."""
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as client:
+        yield client
+
+
+@pytest.fixture
+async def client(store: Store, settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+    async with api_client(create_app(settings, store=store)) as test_client:
+        yield test_client
+
+
+async def _finish(store: Store, job_id: int, *, fail: bool) -> None:
+    """Claim the job as a worker would and record one outcome."""
+    [claimed] = await store.claim_jobs(["default"], 1, "w1", 30)
+    assert claimed.id == job_id
+    if fail:
+        await store.complete_failed([(job_id, claimed.attempt, "ValueError", "boom", 0.0)], "w1", 3)
+    else:
+        await store.complete_succeeded([(job_id, claimed.attempt)], "w1")
+
+
+# -- POST /jobs -------------------------------------------------------------------
+
+
+async def test_post_job_creates_it_and_a_dedup_hit_returns_the_live_one(client: httpx.AsyncClient) -> None:
+    body = {"name": "remind", "kind": "appointment_reminder", "payload": {"appointment_id": 1}, "dedup_key": "a1"}
+    created = await client.post("/jobs", json=body)
+    assert created.status_code == 201, created.text
+    job = created.json()
+    assert (job["name"], job["kind"], job["status"], job["payload"], job["max_retries"]) == (
+        "remind", "appointment_reminder", "pending", {"appointment_id": 1}, 3,
+    )
+    again = await client.post("/jobs", json=body)
+    assert again.status_code == 200 and again.json()["id"] == job["id"]
+
+
+async def test_post_job_keeps_every_field(client: httpx.AsyncClient) -> None:
+    when = "2031-05-04T03:02:01+02:00"
+    response = await client.post(
+        "/jobs", json={"kind": "k", "queue": "q", "priority": 5, "run_at": when, "max_retries": 0}
+    )
+    assert response.status_code == 201
+    job = response.json()
+    assert (job["name"], job["queue"], job["priority"], job["max_retries"]) == ("k", "q", 5, 0)
+    assert datetime.fromisoformat(job["run_at"]) == datetime(2031, 5, 4, 1, 2, 1, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "words"),
+    [
+        ({"kind": "k", "colour": "red"}, "colour", "unknown"),
+        ({"kind": "k", "payload": [1, 2]}, "payload", "object"),
+        ({"kind": "k", "payload": "text"}, "payload", "object"),
+        ({"kind": ""}, "kind", "length"),
+        ({"kind": " padded "}, "kind", "whitespace"),
+        ({"kind": "a\u0000b"}, "kind", "NUL"),
+        ({"payload": {}}, "kind", "required"),
+        ({"kind": "k", "run_at": "2030-01-01T00:00:00"}, "run_at", "timezone"),
+        ({"kind": "k", "run_at": "tomorrow"}, "run_at", "datetime"),
+        ({"kind": "k", "max_retries": -1}, "max_retries", ">= 0"),
+        ({"kind": "k", "priority": 2**40}, "priority", "<="),
+        ({"kind": "k", "payload": {"text": "nul \u0000 inside"}}, "payload", "NUL"),
+    ],
+)
+async def test_post_job_rejects_bad_input_naming_the_field(
+    client: httpx.AsyncClient, store: Store, body: dict[str, object], field: str, words: str
+) -> None:
+    response = await client.post("/jobs", json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()
+    assert error["status_code"] == 400 and error["field"] == field, error
+    assert words.lower() in error["detail"].lower(), error
+    assert await store.list_jobs({}, 10) == []
+
+
+async def test_post_job_rejects_malformed_json(client: httpx.AsyncClient) -> None:
+    response = await client.post("/jobs", content=b"{not json", headers={"content-type": "application/json"})
+    assert response.status_code == 400
+    assert response.json()["status_code"] == 400
+
+
+async def test_payload_over_the_limit_is_413(store: Store, settings: Settings) -> None:
+    app = create_app(settings.replace(api_max_payload_bytes=1000), store=store)
+    async with api_client(app) as client:
+        small = await client.post("/jobs", json={"kind": "k", "payload": {"x": "a" * 900}})
+        assert small.status_code == 201
+        large = await client.post("/jobs", json={"kind": "k", "payload": {"x": "a" * 2000}})
+        assert large.status_code == 413 and large.json()["field"] == "payload"
+        huge = await client.post("/jobs", json={"kind": "k", "payload": {"x": "a" * 200_000}})
+        assert huge.status_code == 413
+    assert len(await store.list_jobs({}, 10)) == 1
+
+
+# -- reading jobs -----------------------------------------------------------------
+
+
+async def test_get_job_shows_its_runs(client: httpx.AsyncClient, store: Store) -> None:
+    job = (await client.post("/jobs", json={"kind": "k"})).json()
+    await _finish(store, job["id"], fail=True)
+    shown = (await client.get(f"/jobs/{job['id']}")).json()
+    assert (shown["status"], shown["retry_count"], shown["error_message"]) == ("failed", 1, "boom")
+    assert [(run["attempt"], run["status"], run["error_type"]) for run in shown["runs"]] == [(1, "failed", "ValueError")]
+
+
+@pytest.mark.parametrize("path", ["/jobs/999999", "/jobs/99999999999999999999", "/jobs/0"])
+async def test_unknown_job_is_404(client: httpx.AsyncClient, path: str) -> None:
+    for method, suffix in (("GET", ""), ("POST", "/retry"), ("POST", "/cancel")):
+        response = await client.request(method, path + suffix)
+        assert response.status_code in (404, 400), response.text
+        assert response.status_code == 404 or "job_id" in response.text
+
+
+async def test_list_jobs_filters_and_pages_stably(client: httpx.AsyncClient) -> None:
+    ids = [(await client.post("/jobs", json={"kind": "even" if i % 2 == 0 else "odd", "queue": "q"})).json()["id"]
+           for i in range(7)]
+    first = (await client.get("/jobs", params={"kind": "even", "limit": 2})).json()
+    assert [job["id"] for job in first["items"]] == [ids[6], ids[4]]
+    await client.post("/jobs", json={"kind": "even"})  # a new job must not shift the pages
+    second = (await client.get("/jobs", params={"kind": "even", "limit": 2, "cursor": first["next_cursor"]})).json()
+    assert [job["id"] for job in second["items"]] == [ids[2], ids[0]]
+    last = (await client.get("/jobs", params={"kind": "even", "limit": 2, "cursor": second["next_cursor"]})).json()
+    assert last == {"items": [], "next_cursor": None}
+    pending_q = (await client.get("/jobs", params={"status": "pending", "queue": "q", "limit": 50})).json()
+    assert sorted(job["id"] for job in pending_q["items"]) == ids and pending_q["next_cursor"] is None
+
+
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [({"status": "sleeping"}, "status"), ({"limit": 0}, "limit"), ({"limit": 501}, "limit"),
+     ({"cursor": "abc"}, "cursor"), ({"cursor": "-5"}, "cursor"), ({"kind": "a\u0000"}, "kind")],
+)
+async def test_list_jobs_rejects_bad_filters(client: httpx.AsyncClient, params: dict[str, object], field: str) -> None:
+    response = await client.get("/jobs", params=params)
+    assert response.status_code == 400, response.text
+    assert response.json()["field"] == field
+
+
+# -- retry and cancel ----------------------------------------------------------------
+
+
+async def test_cancel_pending_then_retry_cancelled(client: httpx.AsyncClient) -> None:
+    job = (await client.post("/jobs", json={"kind": "k"})).json()
+    cancelled = await client.post(f"/jobs/{job['id']}/cancel")
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    again = await client.post(f"/jobs/{job['id']}/cancel")
+    assert again.status_code == 409 and "cancelled" in again.json()["detail"]
+    retried = await client.post(f"/jobs/{job['id']}/retry")
+    assert retried.status_code == 200 and retried.json()["status"] == "pending"
+
+
+async def test_cancel_running_and_retry_done_are_409(client: httpx.AsyncClient, store: Store) -> None:
+    job = (await client.post("/jobs", json={"kind": "k"})).json()
+    [claimed] = await store.claim_jobs(["default"], 1, "w1", 30)
+    response = await client.post(f"/jobs/{job['id']}/cancel")
+    assert response.status_code == 409 and "processing" in response.json()["detail"]
+    await store.complete_succeeded([(claimed.id, claimed.attempt)], "w1")
+    response = await client.post(f"/jobs/{job['id']}/retry")
+    assert response.status_code == 409 and "done" in response.json()["detail"]
+
+
+async def test_retry_failed_job_runs_again(client: httpx.AsyncClient, store: Store) -> None:
+    job = (await client.post("/jobs", json={"kind": "k", "max_retries": 1})).json()
+    await _finish(store, job["id"], fail=True)
+    retried = (await client.post(f"/jobs/{job['id']}/retry")).json()
+    assert (retried["status"], retried["retry_count"]) == ("pending", 1)
+    await _finish(store, job["id"], fail=False)
+    assert (await client.get(f"/jobs/{job['id']}")).json()["status"] == "done"
+
+
+async def test_retry_is_409_when_a_live_job_holds_the_dedup_key(client: httpx.AsyncClient) -> None:
+    first = (await client.post("/jobs", json={"kind": "k", "dedup_key": "d"})).json()
+    await client.post(f"/jobs/{first['id']}/cancel")
+    second = await client.post("/jobs", json={"kind": "k", "dedup_key": "d"})
+    assert second.status_code == 201
+    response = await client.post(f"/jobs/{first['id']}/retry")
+    assert response.status_code == 409 and "dedup_key" in response.json()["detail"]
+
+
+# -- schedules ------------------------------------------------------------------------
+
+
+async def _register(store: Store, pipeline_id: str) -> None:
+    await store.upsert_schedule(ScheduleRegistration(
+        pipeline_id=pipeline_id, kind="every", spec="every(seconds=60)",
+        first_run_at=datetime.now(UTC) + timedelta(hours=1), error_backoff_seconds=60, max_consecutive_errors=3,
+    ))
+
+
+async def test_schedules_list_show_pause_resume_trigger(client: httpx.AsyncClient, store: Store) -> None:
+    await _register(store, "b-report")
+    await _register(store, "a-ingest")
+    listed = (await client.get("/schedules")).json()
+    assert [row["pipeline_id"] for row in listed] == ["a-ingest", "b-report"]
+    shown = (await client.get("/schedules/a-ingest")).json()
+    assert (shown["state"], shown["running"], shown["schedule_spec"]) == ("active", False, "every(seconds=60)")
+
+    assert (await client.post("/schedules/a-ingest/pause")).json()["state"] == "paused"
+    assert await store.claim_pipeline_run("a-ingest", "every(seconds=60)", "w1", 30) is None
+    refused = await client.post("/schedules/a-ingest/trigger")
+    assert refused.status_code == 409 and "paused" in refused.json()["detail"]
+    assert (await client.post("/schedules/a-ingest/resume")).json()["state"] == "active"
+
+    triggered = (await client.post("/schedules/a-ingest/trigger")).json()
+    assert datetime.fromisoformat(triggered["next_run_at"]) <= datetime.now(UTC)
+    claimed = await store.claim_pipeline_run("a-ingest", "every(seconds=60)", "w1", 30)
+    assert claimed is not None
+    running = await client.post("/schedules/a-ingest/trigger")
+    assert running.status_code == 409 and "running" in running.json()["detail"]
+
+
+async def test_pause_during_a_run_survives_its_end(client: httpx.AsyncClient, store: Store) -> None:
+    from agora_pg.db.schedule_rows import RunFinish
+
+    await _register(store, "p")
+    await client.post("/schedules/p/trigger")
+    claimed = await store.claim_pipeline_run("p", "every(seconds=60)", "w1", 30)
+    assert claimed is not None
+    await client.post("/schedules/p/pause")
+    await store.finish_pipeline_run(RunFinish(
+        pipeline_id="p", worker_id="w1", run_id=claimed.run_id, status="succeeded", error_type=None,
+        error_message=None, consecutive_errors=0, next_run_at=datetime.now(UTC), state="active",
+    ))
+    assert (await client.get("/schedules/p")).json()["state"] == "paused"
+
+
+async def test_unknown_schedule_is_404(client: httpx.AsyncClient) -> None:
+    for method, path in (("GET", "/schedules/nope"), ("POST", "/schedules/nope/pause"),
+                         ("POST", "/schedules/nope/resume"), ("POST", "/schedules/nope/trigger")):
+        response = await client.request(method, path)
+        assert response.status_code == 404, (method, path, response.text)
+
+
+# -- runs --------------------------------------------------------------------------------
+
+
+async def test_runs_filter_by_job_status_and_time(client: httpx.AsyncClient, store: Store) -> None:
+    failed = (await client.post("/jobs", json={"kind": "k"})).json()
+    await _finish(store, failed["id"], fail=True)
+    done = (await client.post("/jobs", json={"kind": "k", "run_at": "2000-01-01T00:00:00Z"})).json()
+    await _finish(store, done["id"], fail=False)
+    everything = (await client.get("/runs")).json()["items"]
+    assert [run["job_id"] for run in everything] == [done["id"], failed["id"]]
+    only_failed = (await client.get("/runs", params={"status": "failed"})).json()["items"]
+    assert [run["job_id"] for run in only_failed] == [failed["id"]]
+    by_job = (await client.get("/runs", params={"job_id": done["id"]})).json()["items"]
+    assert [run["status"] for run in by_job] == ["succeeded"]
+    future = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    assert (await client.get("/runs", params={"since": future})).json()["items"] == []
+    assert len((await client.get("/runs", params={"until": future})).json()["items"]) == 2
+    page = (await client.get("/runs", params={"limit": 1})).json()
+    rest = (await client.get("/runs", params={"limit": 1, "cursor": page["next_cursor"]})).json()
+    assert [run["job_id"] for run in page["items"] + rest["items"]] == [done["id"], failed["id"]]
+
+
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [({"since": "2030-01-01T00:00:00"}, "since"), ({"status": "exploded"}, "status"),
+     ({"job_id": "x"}, "job_id"), ({"job_id": str(2**70)}, "job_id")],
+)
+async def test_runs_reject_bad_filters(client: httpx.AsyncClient, params: dict[str, str], field: str) -> None:
+    response = await client.get("/runs", params=params)
+    assert response.status_code == 400, response.text
+    assert response.json()["field"] == field
+
+
+# -- probes, metrics, auth ------------------------------------------------------------------
+
+
+async def test_health_ready_and_metrics(client: httpx.AsyncClient, store: Store) -> None:
+    assert (await client.get("/health")).json() == {"status": "ok", "detail": None, "revision": None}
+    ready = await client.get("/ready")
+    assert ready.status_code == 200 and ready.json()["status"] == "ready"
+    await client.post("/jobs", json={"kind": "k", "queue": "mail", "run_at": "2000-01-01T00:00:00Z"})
+    await client.post("/jobs", json={"kind": "k"})
+    await _finish(store, (await client.post("/jobs", json={"kind": "k", "run_at": "2000-01-01T00:00:00Z"})).json()["id"],
+                  fail=True)
+    await _register(store, "s")
+    text = (await client.get("/metrics")).text
+    assert 'agora_jobs{queue="mail",status="pending"} 1.0' in text
+    assert 'agora_jobs{queue="default",status="failed"} 1.0' in text
+    assert 'agora_runs_recent{outcome="failed"} 1.0' in text
+    assert 'agora_schedules{state="active"} 1.0' in text
+    age = next(line for line in text.splitlines() if line.startswith('agora_oldest_due_job_age_seconds{queue="mail"}'))
+    assert float(age.split()[-1]) > 20 * 365 * 86400
+
+
+async def test_ready_is_503_when_the_schema_is_behind(store: Store, settings: Settings) -> None:
+    from agora_pg.db import migrate
+
+    await migrate.downgrade(store, "0001")
+    async with api_client(create_app(settings, store=store)) as client:
+        response = await client.get("/ready")
+    assert response.status_code == 503 and "agora-pg migrate" in response.json()["detail"]
+
+
+async def test_token_guards_everything_but_the_probes(store: Store, settings: Settings) -> None:
+    app = create_app(settings.replace(api_token=TOKEN), store=store)
+    async with api_client(app) as client:
+        assert (await client.get("/health")).status_code == 200
+        assert (await client.get("/ready")).status_code == 200
+        for method, path in (("GET", "/jobs"), ("POST", "/jobs"), ("GET", "/metrics"), ("GET", "/runs"),
+                             ("GET", "/schedules"), ("GET", "/schema/openapi.json")):
+            response = await client.request(method, path, json={"kind": "k"} if method == "POST" else None)
+            assert response.status_code == 401, (path, response.text)
+            assert response.headers["www-authenticate"].startswith("Bearer")
+        wrong = await client.get("/jobs", headers={"Authorization": "Bearer " + TOKEN[:-1] + "x"})
+        assert wrong.status_code == 401
+        right = await client.post("/jobs", json={"kind": "k"}, headers={"Authorization": f"Bearer {TOKEN}"})
+        assert right.status_code == 201
+    assert len(await store.list_jobs({}, 10)) == 1
