@@ -387,8 +387,10 @@ class Store:
 
     # -- notifications -------------------------------------------------------------
 
-    async def listen(self, on_queue: Callable[[str], None]) -> ListenConnection:
-        """A dedicated connection that calls ``on_queue(queue)`` for every enqueue."""
+    async def listen(self, on_payload: Callable[[str], None], channel: str = NOTIFY_CHANNEL) -> ListenConnection:
+        """A dedicated connection calling ``on_payload(payload)`` for every notification on
+        ``channel``: by default every enqueue (payload: the queue); with
+        ``queries.SCHEDULES_CHANNEL``, every schedule resumed or triggered (the pipeline id)."""
         try:
             connection = await asyncpg.connect(self.database.asyncpg_url)
         except CONNECTION_ERRORS as error:
@@ -396,9 +398,9 @@ class Store:
         listen = ListenConnection(connection)
 
         def callback(_connection: object, _pid: int, _channel: str, payload: str) -> None:
-            on_queue(payload)
+            on_payload(payload)
 
-        await connection.add_listener(NOTIFY_CHANNEL, callback)
+        await connection.add_listener(channel, callback)
         return listen
 
 

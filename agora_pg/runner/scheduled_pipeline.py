@@ -119,12 +119,18 @@ class ScheduledPipeline:
         self.max_consecutive_errors = max_consecutive_errors
         self._clock = clock
         self._stop = asyncio.Event()
+        self._wake = asyncio.Event()  # the schedule row changed (resumed, triggered) or stop()
         self._running = False
         self._row: ScheduleRow | None = None
 
     def stop(self) -> None:
         """Stop after the current run (a sleeping pipeline stops at once)."""
         self._stop.set()
+        self._wake.set()
+
+    def wake(self) -> None:
+        """Look at the schedule row now instead of at the end of the current wait."""
+        self._wake.set()
 
     @property
     def status(self) -> PipelineStatus:
@@ -188,6 +194,7 @@ class _PipelineRunner:
     async def loop(self) -> None:
         pipeline = self.pipeline
         while not pipeline._stop.is_set():
+            pipeline._wake.clear()  # before reading the row: a change from now on wakes the wait below
             claimed = await self._retrying(
                 lambda: self.store.claim_pipeline_run(pipeline.pipeline_id, self.spec, self.worker_id, self.lease_seconds)
             )
@@ -196,7 +203,7 @@ class _PipelineRunner:
                 if next_run_at is None:
                     return  # a once schedule that succeeded
                 wait = (next_run_at - pipeline._clock()).total_seconds() + CLOCK_MARGIN
-                await wait_for_event(pipeline._stop, min(max(wait, 0.0), MAX_IDLE_WAIT))
+                await wait_for_event(pipeline._wake, min(max(wait, 0.0), MAX_IDLE_WAIT))
                 continue
             row = await self._retrying(lambda: self.store.get_schedule(pipeline.pipeline_id))
             if row is None:  # deleted by hand: register again
@@ -206,7 +213,7 @@ class _PipelineRunner:
             if row.state == "completed" and row.schedule_spec == self.spec:
                 log.info("pipeline %s has completed its once schedule; not running it again", pipeline.pipeline_id)
                 return
-            await wait_for_event(pipeline._stop, self._idle_wait(row))
+            await wait_for_event(pipeline._wake, self._idle_wait(row))
 
     def _idle_wait(self, row: ScheduleRow) -> float:
         if row.state != "active" or row.schedule_spec != self.spec or row.due_in_seconds is None:

@@ -21,6 +21,7 @@ from agora_pg.errors import AgoraError, DatabaseUnavailable
 from agora_pg.lifecycle import shutdown_signals, wait_tasks_or_event
 from agora_pg.retry import describe_error
 from agora_pg.runner.health import HealthServer
+from agora_pg.runner.schedule_listener import listen_for_schedule_changes
 from agora_pg.runner.scheduled_pipeline import ScheduledPipeline
 from agora_pg.settings import Settings, load_settings
 from agora_pg.worker.worker import Worker, check_schema, new_worker_id
@@ -128,11 +129,20 @@ class WorkerPool:
         if self.health_port is not None:
             self.health = HealthServer(self.health_port, self._live, self._ready)
             await self.health.start()
+        listener_stop = asyncio.Event()
+        listener = (
+            asyncio.create_task(listen_for_schedule_changes(store, self.pipelines, listener_stop), name="schedules")
+            if self.pipelines and settings.notifications else None
+        )
         failure: AgoraError | None = None
         try:
             failure = await self._watch(tasks)
             await self._shut_down(tasks)
         finally:
+            listener_stop.set()
+            if listener is not None:
+                await asyncio.wait([listener], timeout=5)
+                listener.cancel()
             if self.health is not None:
                 await self.health.close()
         if failure is not None:

@@ -156,3 +156,15 @@ def test_jobs_and_runs_commands_print_tables(database_url: str) -> None:
         assert result.returncode in (1, 2), (args, result)
         assert result.stderr.strip().splitlines()[-1] == f"agora-pg: {words}" or words in result.stderr, result.stderr
         assert "Traceback" not in result.stderr
+
+
+def test_api_entry_point_builds_the_app_from_the_environment(database_url: str) -> None:
+    probe = (
+        "from api.app import app; from litestar import Litestar; "
+        "assert isinstance(app, Litestar); print(len(app.guards))"
+    )
+    for extra, guards in (({}, "0"), ({"AGORA_PG_API_TOKEN": "x" * 20}, "1")):
+        result = subprocess.run([sys.executable, "-c", probe], env=worker_env(database_url, **extra), cwd=REPO,
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip() == guards

@@ -328,3 +328,32 @@ async def test_pool_stops_when_its_job_worker_cannot_start(store: Store, setting
     pool.register(ScheduledPipeline(factory, Schedule.every(hours=1), "beside"))
     with pytest.raises(JobWorkerStopped, match="mail server unreachable"):
         await asyncio.wait_for(pool.run(handle_signals=False), 15)
+
+
+async def test_trigger_and_resume_wake_a_sleeping_pipeline_at_once(store: Store, settings: Settings) -> None:
+    recorder = Recorder()
+    pool = WorkerPool(settings=settings).register(ScheduledPipeline(recorder, Schedule.every(hours=1), "hourly"))
+    task = asyncio.create_task(pool.run(handle_signals=False))
+    try:
+        await wait_until(lambda: _count(recorder, 1), timeout=10)  # every() runs at start, then sleeps an hour
+        await asyncio.sleep(0.5)  # asleep now, for up to MAX_IDLE_WAIT (30 s) without a notification
+        await store.trigger_schedule("hourly")
+        await wait_until(lambda: _count(recorder, 2), timeout=5)
+        await wait_until(lambda: _idle(store, "hourly"), timeout=5)
+        await store.pause_schedule("hourly")
+        await store.resume_schedule("hourly")
+        await store.trigger_schedule("hourly")
+        await wait_until(lambda: _count(recorder, 3), timeout=5)
+    finally:
+        pool.stop()
+        await asyncio.wait_for(task, 15)
+    assert [row["status"] for row in await runs(store, "hourly")] == ["succeeded"] * 3
+
+
+async def _count(recorder: Recorder, calls: int) -> bool:
+    return recorder.calls >= calls and recorder.closed >= calls
+
+
+async def _idle(store: Store, pipeline_id: str) -> bool:
+    row = await store.get_schedule(pipeline_id)
+    return row is not None and row.lease_owner is None

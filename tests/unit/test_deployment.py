@@ -1,0 +1,57 @@
+"""docker-compose.yml and the Dockerfile: no Docker engine runs here, so check what they
+would run: each service's command parses, its environment makes valid settings, and the
+image holds every file the commands need."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agora_pg.cli import build_parser
+from agora_pg.commands.serve import check_bind
+from agora_pg.settings import load_settings
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, dict[str, object]]:
+    text = (REPO / "docker-compose.yml").read_text()
+    text = re.sub(r"\$\{AGORA_PG_API_TOKEN:\?[^}]*\}", "t" * 32, text)  # what the operator must set
+    services: dict[str, dict[str, object]] = yaml.safe_load(text)["services"]
+    return services
+
+
+def test_services_and_their_order(compose: dict[str, dict[str, object]]) -> None:
+    assert set(compose) == {"postgres", "migrate", "api", "worker"}
+    assert compose["migrate"]["depends_on"] == {"postgres": {"condition": "service_healthy"}}
+    for service in ("api", "worker"):
+        assert compose[service]["depends_on"] == {"migrate": {"condition": "service_completed_successfully"}}
+    assert "ports" not in compose["worker"]  # so that --scale worker=3 cannot collide
+
+
+@pytest.mark.parametrize("service", ["migrate", "api", "worker"])
+def test_each_command_parses_and_its_environment_is_valid(compose: dict[str, dict[str, object]], service: str) -> None:
+    command = compose[service]["command"]
+    assert isinstance(command, list) and command[0] == "agora-pg"
+    args = build_parser().parse_args(command[1:])
+    environment = compose[service]["environment"]
+    assert isinstance(environment, dict)
+    settings = load_settings({key: str(value) for key, value in environment.items()})
+    assert settings.database_url == "postgresql://agora:agora@postgres:5432/agora"
+    if args.command == "api":
+        check_bind(args.host, settings.api_token, args.insecure)  # a public bind with its token is allowed
+    if args.command == "worker":
+        assert (REPO / f"{args.module}.py").exists()
+        assert compose[service]["stop_grace_period"] == "40s" and settings.shutdown_timeout < 40
+
+
+def test_the_image_copies_what_the_commands_need() -> None:
+    dockerfile = (REPO / "Dockerfile").read_text()
+    copied = {part for line in dockerfile.splitlines() if line.startswith("COPY") for part in line.split()[1:-1]}
+    assert {"pyproject.toml", "README.md", "alembic.ini", "agora_pg", "worker.py", "api"} <= copied
+    for name in copied:
+        assert (REPO / name).exists(), name
