@@ -94,6 +94,8 @@ async def main() -> None:
         settings = settings.replace(database_url=args.database_url)
     async with scratch_database(settings) as (database, store):
         await enqueue(store, 10_000)
+        async with store.connection() as connection:  # statistics, as autovacuum would have them by now
+            await connection.execute("ANALYZE agora.jobs")
         port = free_port()
         env = worker_environment(AGORA_PG_DATABASE_URL=database.url)
         api = subprocess.Popen([sys.executable, "-m", "agora_pg.cli", "--log-level", "WARNING", "api", "--port", str(port)],

@@ -168,3 +168,36 @@ def test_api_entry_point_builds_the_app_from_the_environment(database_url: str) 
                                 capture_output=True, text=True, timeout=60)
         assert result.returncode == 0, result.stderr
         assert result.stdout.strip() == guards
+
+
+async def test_dev_on_the_embedded_server_reuses_its_data(tmp_path: Path, processes: Processes) -> None:
+    """The README's first command on a fresh machine (no DATABASE_URL), run twice."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("WORKER_", "AGORA_PG_", "DATABASE_URL"))}
+    env.update(AGORA_PG_DATA_DIR=str(tmp_path / ".agora-pg"), PYTHONUNBUFFERED="1", WORKER_POLL_SECONDS="0.2")
+
+    async def dev_session(check: Any) -> str:
+        port = free_port()
+        dev = processes.start(cli("dev", "--port", str(port), "--health-port", str(free_port())), env, REPO)
+        base = f"http://127.0.0.1:{port}"
+        await wait_ready(base, dev, timeout=120)
+        async with httpx.AsyncClient(base_url=base, timeout=10) as client:
+            await check(client)
+        os.kill(dev.pid, signal.SIGINT)
+        output, _ = dev.communicate(timeout=60)
+        assert dev.returncode == 0, output.decode(errors="replace")
+        return output.decode(errors="replace")
+
+    job_id: list[int] = []
+
+    async def first(client: httpx.AsyncClient) -> None:
+        created = await client.post("/jobs", json={"kind": "echo", "payload": {"message": "kept"}})
+        job_id.append(created.json()["id"])
+        await wait_status(client, job_id[0], "done")
+
+    async def second(client: httpx.AsyncClient) -> None:
+        kept = (await client.get(f"/jobs/{job_id[0]}")).json()
+        assert (kept["status"], kept["payload"]) == ("done", {"message": "kept"})
+
+    output = await dev_session(first)
+    assert f"host={tmp_path / '.agora-pg'}" in output
+    await dev_session(second)
