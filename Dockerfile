@@ -10,6 +10,7 @@ RUN pip install ".[fast]"
 
 # The application: job handlers and pipelines (worker.py) and the API entry point.
 COPY worker.py ./
+COPY families ./families
 COPY api ./api
 
 RUN useradd --system --uid 10001 agora

@@ -1,6 +1,7 @@
 """The example worker module: ``agora-pg worker --module worker``.
 
-This is the composition root: job handlers are registered in ``HANDLERS``, the
+This is the composition root: job handlers are registered in ``HANDLERS`` (plain
+handlers, and job families from ``families/`` through a ``FamilyRegistry``), the
 resources they share are built once when the worker starts, and scheduled
 pipelines are registered on the WorkerPool that ``get_worker()`` returns.
 """
@@ -14,8 +15,13 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+from datetime import UTC, datetime, timedelta
+
 from agora_pg import Job, Worker
+from agora_pg.families import FamilyRegistry
 from agora_pg.runner import Schedule, ScheduledPipeline, WorkerPool
+from families.appointment_reminder import register_appointment_reminder
+from families.appointment_reminder.ports import Appointment, Message
 
 log = logging.getLogger("worker")
 
@@ -25,6 +31,8 @@ class Resources:
     """Clients and services the handlers share (one instance per worker process)."""
 
     greeting: str
+    appointments: dict[int, Appointment] = dataclasses.field(default_factory=dict)
+    outbox: list[Message] = dataclasses.field(default_factory=list)
 
 
 async def echo(job: Job, resources: Resources) -> None:
@@ -42,10 +50,13 @@ def fail(job: Job, resources: Resources) -> None:
     raise RuntimeError(job.payload.get("message", "this job always fails"))
 
 
+FAMILIES = register_appointment_reminder(FamilyRegistry())  # add families here
+
 HANDLERS: dict[str, Any] = {
     "echo": echo,
     "sleep": sleep,
     "fail": fail,
+    **FAMILIES.handlers(),  # appointment_reminder (variants: default = email, sms)
     # add yours here
 }
 
@@ -53,7 +64,12 @@ HANDLERS: dict[str, Any] = {
 @contextlib.asynccontextmanager
 async def lifespan() -> AsyncIterator[Resources]:
     """Open shared clients when the worker starts; close them when it stops."""
-    yield Resources(greeting="hello from agora-pg")
+    tomorrow = datetime.now(UTC).replace(hour=9, minute=30, second=0, microsecond=0) + timedelta(days=1)
+    appointments = {  # a real worker would open its appointment service's client here
+        1: Appointment(1, "Ada Lovelace", "ada@example.com", tomorrow, "Marylebone Clinic"),
+        2: Appointment(2, "Alan Turing", "+44 20 7946 0000", tomorrow + timedelta(hours=2), "Bletchley Practice"),
+    }
+    yield Resources(greeting="hello from agora-pg", appointments=appointments)
 
 
 class Heartbeat:

@@ -15,6 +15,7 @@ from agora_pg.db import migrate as migrations
 from agora_pg.db.connect import resolve_database
 from agora_pg.db.store import Store
 from agora_pg.commands import operator, serve
+from agora_pg.commands import pipelines as pipeline_commands
 from agora_pg.errors import AgoraError, ConfigError, InvalidArgument, InvalidJob
 from agora_pg.loading import load_worker
 from agora_pg.runner import WorkerPool
@@ -35,7 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("migrate", help="apply the database migrations (idempotent)")
 
     worker = commands.add_parser("worker", help="run a worker module's get_worker()")
-    worker.add_argument("--module", default="worker", help="dotted module path [worker]")
+    worker.add_argument("--module", default=None, help="dotted module path [worker]")
+    worker.add_argument("--config", help="an agora/v1 TOML file: a worker built from config alone")
     worker.add_argument("--queues", help="comma-separated queues (overrides WORKER_QUEUES)")
     worker.add_argument("--concurrency", type=int, help="jobs run at once (overrides WORKER_CONCURRENCY)")
     worker.add_argument("--health-port", type=int, help="serve /health and /ready on this port (0: any free port)")
@@ -70,6 +72,20 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--limit", type=int, default=20)
     for action in ("show", "retry", "cancel"):
         jobs.add_parser(action, help=f"{action} one job").add_argument("job_id", type=int)
+
+    run = commands.add_parser("run", help="run the pipelines of an agora/v1 config once, then exit")
+    run.add_argument("--config", required=True)
+    run.add_argument("--pipeline", help="only this pipeline (its name or id)")
+
+    dlq = commands.add_parser("dlq", help="dead letters of pipelines").add_subparsers(dest="action", required=True)
+    dlq_list = dlq.add_parser("list", help="dead letters newest first (waiting for replay unless --all)")
+    dlq_list.add_argument("--pipeline", help="a pipeline id")
+    dlq_list.add_argument("--all", action="store_true", help="include replayed ones")
+    dlq_list.add_argument("--limit", type=int, default=20)
+    replay = dlq.add_parser("replay", help="send waiting dead letters through the pipeline again")
+    replay.add_argument("--config", required=True)
+    replay.add_argument("--pipeline", required=True)
+    replay.add_argument("--limit", type=int, default=1000)
 
     runs = commands.add_parser("runs", help="run history").add_subparsers(dest="action", required=True)
     run_list = runs.add_parser("list", help="runs newest first")
@@ -109,8 +125,11 @@ async def run_migrate() -> None:
     log.info("database %s is at revision %s", database.display_url, ", ".join(sorted(versions)))
 
 
-async def run_worker(module: str, queues: str | None, concurrency: int | None, health_port: int | None) -> None:
-    loaded = load_worker(module, Path.cwd())
+async def run_worker(module: str | None, config: str | None, queues: str | None, concurrency: int | None,
+                     health_port: int | None) -> None:
+    if module is not None and config is not None:
+        raise ConfigError("--config", "give --module or --config, not both")
+    loaded = pipeline_commands.config_pool(config) if config is not None else load_worker(module or "worker", Path.cwd())
     if concurrency is not None and concurrency < 1:
         raise ConfigError("--concurrency", f"must be >= 1, got {concurrency}")
     if health_port is not None and not 0 <= health_port <= 65535:
@@ -125,10 +144,17 @@ async def run_worker(module: str, queues: str | None, concurrency: int | None, h
             concurrency=concurrency,
         )
     elif queues is not None or concurrency is not None:
-        raise ConfigError("--queues/--concurrency", f"{module}.get_worker() registered no job Worker")
+        raise ConfigError("--queues/--concurrency", f"{config or module or 'worker'} registers no job Worker")
     if health_port is not None:
         pool.health_port = health_port
     await pool.run()
+
+
+async def run_dlq(args: argparse.Namespace) -> None:
+    if args.action == "list":
+        print(await pipeline_commands.list_dead_letters(args.pipeline, args.all, args.limit))
+    else:
+        print(await pipeline_commands.replay_dead_letters(args.config, args.pipeline, args.limit))
 
 
 def run_event_loop(main_coroutine: Coroutine[Any, Any, None]) -> None:
@@ -155,7 +181,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "migrate":
             asyncio.run(run_migrate())
         elif args.command == "worker":
-            run_event_loop(run_worker(args.module, args.queues, args.concurrency, args.health_port))
+            run_event_loop(run_worker(args.module, args.config, args.queues, args.concurrency, args.health_port))
+        elif args.command == "run":
+            asyncio.run(pipeline_commands.run_once(args.config, args.pipeline))
+        elif args.command == "dlq":
+            asyncio.run(run_dlq(args))
         elif args.command == "api":
             run_event_loop(serve.run_api(args.host, args.port, args.insecure, args.log_level))
         elif args.command == "dev":

@@ -25,19 +25,19 @@ API_VERSION = "0.1.0"
 REQUEST_BODY_HEADROOM = 64 * 1024  # JSON around the payload: kind, name, queue, ...
 
 
-def create_app(settings: Settings, store: Store | None = None) -> Litestar:
-    """The API on ``store``, or on a Store of the settings' database opened for the
-    app's lifetime (the embedded server when no URL is set)."""
+def create_app(settings: Settings) -> Litestar:
+    """The API on the settings' database (the embedded server when no URL is set),
+    through a Store opened for the app's lifetime."""
 
     @contextlib.asynccontextmanager
-    async def own_store(app: Litestar) -> AsyncIterator[None]:
+    async def store_lifespan(app: Litestar) -> AsyncIterator[None]:
         async with resolve_database(settings) as database:
-            own = Store.open(database)
-            app.state.store = own
+            store = Store.open(database)
+            app.state.store = store
             try:
                 yield
             finally:
-                await own.close()
+                await store.close()
 
     return Litestar(
         route_handlers=[JobController, ScheduleController, RunController, health, ready, metrics],
@@ -47,8 +47,8 @@ def create_app(settings: Settings, store: Store | None = None) -> Litestar:
         },
         guards=[token_guard(settings.api_token)] if settings.api_token else [],
         exception_handlers={Exception: error_response},
-        state=State({"schema_heads": migrate.head_revisions(), **({"store": store} if store else {})}),
-        lifespan=[] if store is not None else [own_store],
+        state=State({"schema_heads": migrate.head_revisions()}),
+        lifespan=[store_lifespan],
         request_max_body_size=settings.api_max_payload_bytes + REQUEST_BODY_HEADROOM,
         openapi_config=OpenAPIConfig(title="agora-pg", version=API_VERSION, path="/schema"),
         logging_config=None,  # the process's logging stays as its command set it up

@@ -460,3 +460,79 @@ SELECT state, count(*) AS schedules,
        count(*) FILTER (WHERE state = 'active' AND consecutive_errors > 0) AS in_backoff
 FROM agora.schedules GROUP BY state
 """
+
+# -- pipelines: checkpoints and dead letters ------------------------------------------
+
+# Where pipeline $1's source resumes, and which source saved it.
+SELECT_CHECKPOINT = "SELECT position::text AS position, source FROM agora.checkpoints WHERE pipeline_id = $1"
+
+# Save pipeline $1's source position $2 (JSON) for source $3, by run $4.
+SAVE_CHECKPOINT = """
+INSERT INTO agora.checkpoints (pipeline_id, position, source, run_id, updated_at)
+VALUES ($1, $2::text::jsonb, $3, $4, now())
+ON CONFLICT (pipeline_id) DO UPDATE
+SET position = EXCLUDED.position, source = EXCLUDED.source, run_id = EXCLUDED.run_id, updated_at = now()
+"""
+
+# Forget pipeline $1's position: its next run reads the source from the start.
+DELETE_CHECKPOINT = "DELETE FROM agora.checkpoints WHERE pipeline_id = $1"
+
+# Record rejected records of pipeline $1, run $2, from parallel arrays (stage, record JSON, error type, message).
+INSERT_DEAD_LETTERS = """
+INSERT INTO agora.dead_letters (pipeline_id, run_id, stage, record, error_type, error_message)
+SELECT $1, $2, stage, record::jsonb, error_type, error_message
+FROM unnest($3::text[], $4::text[], $5::text[], $6::text[]) AS t(stage, record, error_type, error_message)
+"""
+
+DEAD_LETTER_COLUMNS = (
+    "id, pipeline_id, run_id, stage, record::text AS record, error_type, error_message, created_at, replayed_at"
+)
+
+# Dead letters of pipeline $1 (all pipelines when NULL), waiting for replay unless $2, newest first, at most $3.
+LIST_DEAD_LETTERS = f"""
+SELECT {DEAD_LETTER_COLUMNS} FROM agora.dead_letters
+WHERE ($1::text IS NULL OR pipeline_id = $1) AND ($2 OR replayed_at IS NULL)
+ORDER BY id DESC LIMIT $3
+"""
+
+# Dead letters of pipeline $1 waiting for replay, oldest first, at most $2.
+WAITING_DEAD_LETTERS = f"""
+SELECT {DEAD_LETTER_COLUMNS} FROM agora.dead_letters
+WHERE pipeline_id = $1 AND replayed_at IS NULL
+ORDER BY id LIMIT $2
+"""
+
+# Mark dead letters replayed.
+MARK_DEAD_LETTERS_REPLAYED = "UPDATE agora.dead_letters SET replayed_at = now() WHERE id = ANY($1::bigint[])"
+
+# A pipeline run outside any schedule (agora-pg run, dlq replay): its agora.runs row.
+START_ADHOC_RUN = """
+INSERT INTO agora.runs (pipeline_id, attempt, worker_id, status, scheduled_for)
+VALUES ($1, 1, $2, 'running', clock_timestamp())
+RETURNING id
+"""
+
+# The end of such a run.
+FINISH_ADHOC_RUN = """
+UPDATE agora.runs SET status = $2, finished_at = clock_timestamp(), error_type = $3, error_message = $4
+WHERE id = $1
+"""
+
+
+def quote_identifier(name: str) -> str:
+    """``name`` as a PostgreSQL identifier (table and column names cannot be parameters)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def insert_row(schema: str, table: str, columns: Sequence[str]) -> str:
+    """Insert one row into a user's table, values as parameters $1, $2, ..."""
+    names = ", ".join(quote_identifier(column) for column in columns)
+    values = ", ".join(f"${i}" for i in range(1, len(columns) + 1))
+    return f"INSERT INTO {quote_identifier(schema)}.{quote_identifier(table)} ({names}) VALUES ({values})"
+
+# The columns of a user's table $1.$2, in order (for a DatabaseSink without explicit columns).
+TABLE_COLUMNS = """
+SELECT column_name FROM information_schema.columns
+WHERE table_schema = $1 AND table_name = $2 AND is_generated = 'NEVER'
+ORDER BY ordinal_position
+"""

@@ -126,6 +126,38 @@ schedules = Table(
     comment="One row per scheduled pipeline: its durable schedule state and run lease.",
 )
 
+checkpoints = Table(
+    "checkpoints",
+    metadata,
+    Column("pipeline_id", Text, primary_key=True, comment="The pipeline whose source position this is."),
+    Column("position", JSONB, nullable=False, comment="Where the next run resumes: a CSV row count, a SQL key, ..."),
+    Column("source", Text, nullable=False, comment="Which source the position belongs to (a changed source starts over)."),
+    Column("run_id", BigInteger, nullable=True, comment="The agora.runs row of the run that saved it."),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=text("now()"), comment="When it was saved."),
+    comment="The position of each resumable pipeline source, saved with (or right after) each written batch.",
+)
+
+dead_letters = Table(
+    "dead_letters",
+    metadata,
+    Column("id", BigInteger, Identity(always=False), primary_key=True),
+    Column("pipeline_id", Text, nullable=False, comment="The pipeline that rejected the record."),
+    Column("run_id", BigInteger, nullable=True, comment="The agora.runs row of that run."),
+    Column("stage", Text, nullable=False, comment="Which step or sink rejected it, e.g. 'map:parse' or 'sink:database'."),
+    Column("record", JSONB, nullable=False, comment="The record as the stage received it."),
+    Column("error_type", Text, nullable=False, comment="Class name of the error."),
+    Column("error_message", Text, nullable=False, comment="Text of the error."),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=text("now()"), comment="When it was rejected."),
+    Column("replayed_at", DateTime(timezone=True), nullable=True, comment="When agora-pg dlq replay wrote it successfully; NULL while waiting."),
+    comment="Records a pipeline step or sink rejected, kept for inspection and replay.",
+)
+Index(
+    "dead_letters_waiting_idx",
+    dead_letters.c.pipeline_id,
+    dead_letters.c.id,
+    postgresql_where=text("replayed_at IS NULL"),
+)
+
 workers = Table(
     "workers",
     metadata,

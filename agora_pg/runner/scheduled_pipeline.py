@@ -23,6 +23,7 @@ from agora_pg.db.connect import resolve_database
 from agora_pg.db.schedule_rows import ClaimedRun, RunFinish, ScheduleRegistration, ScheduleRow
 from agora_pg.db.store import Store
 from agora_pg.errors import DatabaseUnavailable
+from agora_pg.pipelines.pipeline import PipelineRun, current_run
 from agora_pg.lifecycle import wait_for_event
 from agora_pg.retry import describe_error
 from agora_pg.schedules import Schedule, error_backoff
@@ -232,6 +233,7 @@ class _PipelineRunner:
         pipeline._running = True
         renewer = asyncio.create_task(self._renew_lease())
         error: BaseException | None = None
+        run_token = current_run.set(PipelineRun(self.store, claimed.run_id))  # checkpoints, dead letters
         try:
             await _run_pipeline(pipeline.factory)
         except asyncio.CancelledError:
@@ -240,6 +242,7 @@ class _PipelineRunner:
         except Exception as raised:
             error = raised
         finally:
+            current_run.reset(run_token)
             renewer.cancel()
             pipeline._running = False
         finish = self._finish(claimed, error)

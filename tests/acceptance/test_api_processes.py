@@ -61,6 +61,11 @@ async def test_job_submitted_over_http_is_run_by_a_worker_process(database_url: 
         done = await wait_status(client, created.json()["id"], "done")
         assert [run["status"] for run in done["runs"]] == ["succeeded"]
 
+        reminder = await client.post("/jobs", json={"name": "remind", "kind": "appointment_reminder",
+                                                    "payload": {"appointment_id": 2, "variant": "sms"}})
+        assert reminder.status_code == 201, reminder.text
+        await wait_status(client, reminder.json()["id"], "done")
+
         failing = await client.post("/jobs", json={"kind": "fail"})
         failed = await wait_status(client, failing.json()["id"], "failed")
 
@@ -71,9 +76,11 @@ async def test_job_submitted_over_http_is_run_by_a_worker_process(database_url: 
         await eventually(exhausted, 60, "the failing job to use its two attempts")
         assert failed["status"] == "failed" and "always fails" in failed["error_message"]
         assert [run["status"] for run in failed["runs"]] == ["failed", "failed"]
-    for process in (worker, api):
-        code, output = stop(process)
-        assert code == 0, output
+    worker_code, worker_output = stop(worker)
+    assert worker_code == 0, worker_output
+    assert "reminder for appointment 2 sent by sms to +44 20 7946 0000" in worker_output
+    code, output = stop(api)
+    assert code == 0, output
 
 
 async def test_api_refuses_a_public_address_without_a_token(database_url: str, processes: Processes) -> None:

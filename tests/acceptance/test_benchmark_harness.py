@@ -20,7 +20,7 @@ def test_compare_harness_produces_a_table_for_agora(pg_server: Server, tmp_path:
     env = {key: value for key, value in os.environ.items() if not key.startswith(("AGORA_PG_", "WORKER_"))}
     command = [
         sys.executable, "-m", "benchmarks.compare", "--database-url", pg_server.url("postgres"),
-        "--systems", "agora", "--skip", "schedules,grown,raw", "--jobs", "300", "--enqueue-jobs", "50",
+        "--systems", "agora", "--skip", "schedules,raw", "--jobs", "300", "--enqueue-jobs", "50", "--history", "1000",
         "--processes", "1", "--latency-jobs", "5", "--out", str(tmp_path), "--no-chart",
     ]
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
@@ -29,7 +29,9 @@ def test_compare_harness_produces_a_table_for_agora(pg_server: Server, tmp_path:
     results = json.loads((folder / "results.json").read_text())
     assert results["errors"] == []
     agora = results["systems"]["agora"]
-    for metric in ("enqueue_one_per_s", "enqueue_batch_per_s", "drain_1p", "wakeup_p50", "wakeup_p99"):
+    for metric in ("enqueue_one_per_s", "enqueue_batch_per_s", "drain_1p", "wakeup_p50", "wakeup_p99",
+                   "drain_empty_1p_median", "drain_grown_1p"):
         assert isinstance(agora[metric], float) and agora[metric] > 0, metric
     table = (folder / "results.md").read_text()
     assert "| 2. drain 300 jobs, 1 process(es) | jobs/s |" in table
+    assert "| 5. drain, 1 process, 1,000 finished jobs in history (median of 3) | jobs/s |" in table

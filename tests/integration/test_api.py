@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
-import pytest
 import httpx
-from litestar import Litestar
+import pytest
+from litestar.testing import AsyncTestClient
 
 from agora_pg.api import create_app
 from agora_pg.db.schedule_rows import ScheduleRegistration
@@ -18,18 +17,16 @@ from agora_pg.settings import Settings
 TOKEN = "s3cret-token-0123456789"
 
 
-@contextlib.asynccontextmanager
-async def api_client(app: Litestar) -> AsyncIterator[httpx.AsyncClient]:
-    """A client calling the app in this event loop (Litestar's AsyncTestClient runs the
-    app in another thread's loop, where the test's Store connections cannot go). The app
-    is given the Store, so it has no lifespan to run."""
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as client:
-        yield client
+def api_client(settings: Settings) -> AsyncTestClient:  # type: ignore[type-arg]
+    """Litestar's test client on an app that opens its own Store in its lifespan: the
+    client runs the app in a thread of its own, whose event loop the test's ``store``
+    (used here to set up and check rows) must not be shared with."""
+    return AsyncTestClient(app=create_app(settings))
 
 
 @pytest.fixture
-async def client(store: Store, settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
-    async with api_client(create_app(settings, store=store)) as test_client:
+async def client(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+    async with api_client(settings) as test_client:
         yield test_client
 
 
@@ -104,8 +101,7 @@ async def test_post_job_rejects_malformed_json(client: httpx.AsyncClient) -> Non
 
 
 async def test_payload_over_the_limit_is_413(store: Store, settings: Settings) -> None:
-    app = create_app(settings.replace(api_max_payload_bytes=1000), store=store)
-    async with api_client(app) as client:
+    async with api_client(settings.replace(api_max_payload_bytes=1000)) as client:
         small = await client.post("/jobs", json={"kind": "k", "payload": {"x": "a" * 900}})
         assert small.status_code == 201
         large = await client.post("/jobs", json={"kind": "k", "payload": {"x": "a" * 2000}})
@@ -312,14 +308,13 @@ async def test_ready_is_503_when_the_schema_is_behind(store: Store, settings: Se
     from agora_pg.db import migrate
 
     await migrate.downgrade(store, "0001")
-    async with api_client(create_app(settings, store=store)) as client:
+    async with api_client(settings) as client:
         response = await client.get("/ready")
     assert response.status_code == 503 and "agora-pg migrate" in response.json()["detail"]
 
 
 async def test_token_guards_everything_but_the_probes(store: Store, settings: Settings) -> None:
-    app = create_app(settings.replace(api_token=TOKEN), store=store)
-    async with api_client(app) as client:
+    async with api_client(settings.replace(api_token=TOKEN)) as client:
         assert (await client.get("/health")).status_code == 200
         assert (await client.get("/ready")).status_code == 200
         for method, path in (("GET", "/jobs"), ("POST", "/jobs"), ("GET", "/metrics"), ("GET", "/runs"),

@@ -52,6 +52,6 @@ def test_each_command_parses_and_its_environment_is_valid(compose: dict[str, dic
 def test_the_image_copies_what_the_commands_need() -> None:
     dockerfile = (REPO / "Dockerfile").read_text()
     copied = {part for line in dockerfile.splitlines() if line.startswith("COPY") for part in line.split()[1:-1]}
-    assert {"pyproject.toml", "README.md", "alembic.ini", "agora_pg", "worker.py", "api"} <= copied
+    assert {"pyproject.toml", "README.md", "alembic.ini", "agora_pg", "worker.py", "families", "api"} <= copied
     for name in copied:
         assert (REPO / name).exists(), name

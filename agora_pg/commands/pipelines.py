@@ -1,0 +1,100 @@
+"""``agora-pg worker --config``, ``agora-pg run --config`` and ``agora-pg dlq``."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from agora_pg.commands.operator import operator_store
+from agora_pg.commands.tables import render_table
+from agora_pg.config import PipelineConfig, WorkerConfig, load_config
+from agora_pg.db.pipeline_state import PipelineState
+from agora_pg.errors import AgoraError, ConfigError
+from agora_pg.pipelines.assembly import build_pipeline, build_worker_pool
+from agora_pg.pipelines.pipeline import PipelineRun, current_run
+from agora_pg.runner import WorkerPool
+from agora_pg.worker.worker import check_schema, new_worker_id
+
+log = logging.getLogger("agora_pg")
+
+
+def read_config(path: str) -> WorkerConfig:
+    """The config file at ``path``, checked completely before anything runs."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as error:
+        raise ConfigError("--config", f"cannot read {path}: {error.strerror or error}") from None
+    return load_config(text, os.environ)
+
+
+def config_pool(path: str) -> WorkerPool:
+    return build_worker_pool(read_config(path))
+
+
+def selected(config: WorkerConfig, name: str | None) -> list[PipelineConfig]:
+    if name is None:
+        return list(config.pipelines.values())
+    for pipeline in config.pipelines.values():
+        if name in (pipeline.name, pipeline.id):
+            return [pipeline]
+    raise ConfigError("--pipeline", f"no pipeline {name!r} in the config (it has {', '.join(config.pipelines)})")
+
+
+async def run_once(path: str, name: str | None) -> None:
+    """Run each selected pipeline once, recording each run in agora.runs."""
+    pipelines = selected(read_config(path), name)
+    failures = []
+    async with operator_store() as (store, _settings):
+        await check_schema(store)
+        state = PipelineState(store)
+        worker_id = new_worker_id()
+        for config in pipelines:
+            run_id = await state.start_run(config.id, worker_id)
+            token = current_run.set(PipelineRun(store, run_id))
+            error: BaseException | None = None
+            built = build_pipeline(config)
+            try:
+                report = await built.run()
+                log.info("pipeline %s: read %d records, %d reached the sinks, %d dead letters (run %d)",
+                         config.id, report.read, report.passed, report.dead_letters, run_id)
+            except Exception as raised:  # noqa: BLE001 - recorded, then reported below
+                error = raised
+                failures.append(f"{config.id}: {raised}")
+            finally:
+                current_run.reset(token)
+                await built.close()
+                await state.finish_run(run_id, error)
+    if failures:
+        raise AgoraError("pipeline run failed: " + "; ".join(failures))
+
+
+async def list_dead_letters(pipeline_id: str | None, include_replayed: bool, limit: int) -> str:
+    async with operator_store() as (store, _settings):
+        letters = await PipelineState(store).dead_letters(pipeline_id, include_replayed, limit)
+    rows = [(letter.id, letter.pipeline_id, letter.run_id, letter.stage, letter.error_type, letter.error_message,
+             letter.created_at, letter.replayed_at, letter.record) for letter in letters]
+    return render_table(("id", "pipeline", "run", "stage", "error", "message", "created_at", "replayed_at", "record"),
+                        rows)
+
+
+async def replay_dead_letters(path: str, name: str, limit: int) -> str:
+    """Send a pipeline's waiting dead letters through its steps and sinks again."""
+    [config] = selected(read_config(path), name)
+    async with operator_store() as (store, _settings):
+        state = PipelineState(store)
+        letters = await state.waiting_dead_letters(config.id, limit)
+        if not letters:
+            return f"no dead letters of {config.id} are waiting"
+        run_id = await state.start_run(config.id, new_worker_id())
+        token = current_run.set(PipelineRun(store, run_id))
+        built = build_pipeline(config)
+        try:
+            again = await built.replay(letters)
+        finally:
+            current_run.reset(token)
+            await built.close()
+        await state.mark_replayed([letter.id for letter in letters if letter.id is not None])
+        await state.finish_run(run_id, None)
+    return (f"replayed {len(letters)} dead letters of {config.id}: {len(letters) - len(again)} written, "
+            f"{len(again)} rejected again (recorded as new dead letters of run {run_id})")

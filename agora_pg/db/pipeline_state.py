@@ -1,0 +1,127 @@
+"""What pipelines keep in the database: source checkpoints and dead letters."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from agora_pg.db import queries
+from agora_pg.db.store import Store
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    """Where a pipeline's source resumes; ``source`` names the source that saved it."""
+
+    position: Any
+    source: str
+
+
+@dataclasses.dataclass(frozen=True)
+class DeadLetter:
+    """A record a step or sink rejected (``agora.dead_letters``)."""
+
+    stage: str
+    record: Any
+    error_type: str
+    error_message: str
+    id: int | None = None
+    pipeline_id: str | None = None
+    run_id: int | None = None
+    created_at: datetime | None = None
+    replayed_at: datetime | None = None
+
+
+def checkpoint_args(pipeline_id: str, checkpoint: Checkpoint, run_id: int | None) -> tuple[Any, ...]:
+    """Parameters of ``queries.SAVE_CHECKPOINT``."""
+    return (pipeline_id, json.dumps(checkpoint.position), checkpoint.source, run_id)
+
+
+def dead_letter_args(pipeline_id: str, run_id: int | None, letters: Sequence[DeadLetter]) -> tuple[Any, ...]:
+    """Parameters of ``queries.INSERT_DEAD_LETTERS``."""
+    return (
+        pipeline_id,
+        run_id,
+        [letter.stage for letter in letters],
+        [json.dumps(letter.record, default=str) for letter in letters],
+        [letter.error_type for letter in letters],
+        [letter.error_message for letter in letters],
+    )
+
+
+async def write_batch_state(
+    connection: asyncpg.Connection,
+    pipeline_id: str,
+    run_id: int | None,
+    checkpoint: Checkpoint | None,
+    letters: Sequence[DeadLetter],
+) -> None:
+    """Dead letters and the checkpoint of one batch, on ``connection`` (the caller's
+    transaction: a database sink writes them with its rows)."""
+    if letters:
+        await connection.execute(queries.INSERT_DEAD_LETTERS, *dead_letter_args(pipeline_id, run_id, letters))
+    if checkpoint is not None:
+        await connection.execute(queries.SAVE_CHECKPOINT, *checkpoint_args(pipeline_id, checkpoint, run_id))
+
+
+class PipelineState:
+    """Checkpoints and dead letters through a Store."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    async def checkpoint(self, pipeline_id: str) -> Checkpoint | None:
+        async with self.store.connection() as connection:
+            row = await connection.fetchrow(queries.SELECT_CHECKPOINT, pipeline_id)
+        return None if row is None else Checkpoint(json.loads(row["position"]), row["source"])
+
+    async def reset_checkpoint(self, pipeline_id: str) -> None:
+        async with self.store.connection() as connection:
+            await connection.execute(queries.DELETE_CHECKPOINT, pipeline_id)
+
+    async def write_batch_state(
+        self, pipeline_id: str, run_id: int | None, checkpoint: Checkpoint | None, letters: Sequence[DeadLetter]
+    ) -> None:
+        if checkpoint is None and not letters:
+            return
+        async with self.store.connection() as connection, connection.transaction():
+            await write_batch_state(connection, pipeline_id, run_id, checkpoint, letters)
+
+    async def dead_letters(self, pipeline_id: str | None, include_replayed: bool, limit: int) -> list[DeadLetter]:
+        async with self.store.connection() as connection:
+            rows = await connection.fetch(queries.LIST_DEAD_LETTERS, pipeline_id, include_replayed, limit)
+        return [_dead_letter(row) for row in rows]
+
+    async def waiting_dead_letters(self, pipeline_id: str, limit: int) -> list[DeadLetter]:
+        async with self.store.connection() as connection:
+            rows = await connection.fetch(queries.WAITING_DEAD_LETTERS, pipeline_id, limit)
+        return [_dead_letter(row) for row in rows]
+
+    async def mark_replayed(self, ids: Sequence[int]) -> None:
+        async with self.store.connection() as connection:
+            await connection.execute(queries.MARK_DEAD_LETTERS_REPLAYED, list(ids))
+
+    async def start_run(self, pipeline_id: str, worker_id: str) -> int:
+        async with self.store.connection() as connection:
+            run_id: int = await connection.fetchval(queries.START_ADHOC_RUN, pipeline_id, worker_id)
+        return run_id
+
+    async def finish_run(self, run_id: int, error: BaseException | None) -> None:
+        status = "succeeded" if error is None else "failed"
+        error_type = None if error is None else type(error).__name__
+        message = None if error is None else str(error) or error_type
+        async with self.store.connection() as connection:
+            await connection.execute(queries.FINISH_ADHOC_RUN, run_id, status, error_type, message)
+
+
+def _dead_letter(row: asyncpg.Record) -> DeadLetter:
+    return DeadLetter(
+        id=row["id"], pipeline_id=row["pipeline_id"], run_id=row["run_id"], stage=row["stage"],
+        record=json.loads(row["record"]), error_type=row["error_type"], error_message=row["error_message"],
+        created_at=row["created_at"], replayed_at=row["replayed_at"],
+    )

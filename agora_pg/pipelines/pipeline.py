@@ -1,0 +1,260 @@
+"""``Pipeline(source, id=...).map(f).filter(g).build(*sinks)``: records from a source,
+through steps, into sinks, in batches, with checkpoints and dead letters."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import inspect
+import logging
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
+
+from agora_pg.db.connect import resolve_database
+from agora_pg.db.pipeline_state import Checkpoint, DeadLetter, PipelineState
+from agora_pg.db.store import Store
+from agora_pg.errors import AgoraError
+from agora_pg.pipelines.records import Record, Rejected
+from agora_pg.pipelines.sinks import BatchState, Sink, dead_letter
+from agora_pg.pipelines.sources import Source
+from agora_pg.pipelines.tracing import Tracing, span
+from agora_pg.settings import load_settings
+
+log = logging.getLogger("agora_pg.pipelines")
+
+Step = Callable[[Record], Any]
+
+
+class TooManyDeadLetters(AgoraError):
+    """A run rejected more records than its pipeline allows; the run fails."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineRun:
+    """The run a pipeline executes in: set by the runner, read by ``BuiltPipeline.run``."""
+
+    store: Store
+    run_id: int | None
+
+
+current_run: contextvars.ContextVar[PipelineRun | None] = contextvars.ContextVar("agora_pipeline_run", default=None)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunReport:
+    """What one run did."""
+
+    pipeline_id: str
+    batches: int
+    read: int  # records the source gave
+    passed: int  # records that came through the steps to the sinks
+    dead_letters: int  # records rejected by the source, a step or a sink
+    resumed_after: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class _StepSpec:
+    kind: str  # map or filter
+    function: Step
+    name: str
+
+
+class Pipeline:
+    """A source, steps and (once built) sinks. Steps return a new Pipeline.
+
+    ``max_dead_letters`` records may be rejected per run (by a step raising, or a
+    sink refusing them); they go to ``agora.dead_letters``. One more fails the run.
+    """
+
+    def __init__(self, source: Source, *, id: str, batch_size: int = 1000, max_dead_letters: int = 100,
+                 tracing: Tracing | None = None, steps: Sequence[_StepSpec] = ()) -> None:
+        if not isinstance(id, str) or not id.strip():
+            raise ValueError("id must be a non-empty string")
+        if batch_size < 1:
+            raise ValueError("batch_size must be >= 1")
+        if max_dead_letters < 0:
+            raise ValueError("max_dead_letters must be >= 0")
+        self.source = source
+        self.id = id
+        self.batch_size = batch_size
+        self.max_dead_letters = max_dead_letters
+        self.tracing = tracing
+        self.steps = tuple(steps)
+
+    def map(self, function: Step, name: str | None = None) -> Pipeline:
+        """Replace each record by ``function(record)`` (sync or async)."""
+        return self._with(_StepSpec("map", function, name or _name_of(function)))
+
+    def filter(self, function: Step, name: str | None = None) -> Pipeline:
+        """Keep the records for which ``function(record)`` is true."""
+        return self._with(_StepSpec("filter", function, name or _name_of(function)))
+
+    def _with(self, step: _StepSpec) -> Pipeline:
+        return Pipeline(self.source, id=self.id, batch_size=self.batch_size, max_dead_letters=self.max_dead_letters,
+                        tracing=self.tracing, steps=(*self.steps, step))
+
+    def build(self, *sinks: Sink) -> BuiltPipeline:
+        if not sinks:
+            raise ValueError("build() needs at least one sink")
+        return BuiltPipeline(self, list(sinks))
+
+
+class BuiltPipeline:
+    """A runnable pipeline: ``await run()`` reads the source to its end once;
+    ``await close()`` flushes the sinks and releases connections."""
+
+    def __init__(self, pipeline: Pipeline, sinks: list[Sink]) -> None:
+        self.pipeline = pipeline
+        self.sinks = sinks
+        self.id = pipeline.id
+        self.dead_letter_sink: Sink | None = None
+
+    def with_dead_letter_sink(self, sink: Sink | None) -> BuiltPipeline:
+        """Send rejected records to ``sink`` (as ``{pipeline_id, run_id, stage, error_type,
+        error_message, record}``) instead of ``agora.dead_letters``."""
+        self.dead_letter_sink = sink
+        return self
+
+    async def run(self) -> RunReport:
+        with span(self.pipeline.tracing, "pipeline.run", {"pipeline.id": self.id}) as run_span:
+            async with _run_context() as run:
+                report = await self._run(run)
+            if run_span is not None:
+                run_span.set_attributes({"agora.run_id": run.run_id or -1, "records.read": report.read,
+                                         "records.passed": report.passed,
+                                         "records.dead_letters": report.dead_letters})
+            return report
+
+    async def replay(self, letters: Sequence[DeadLetter]) -> list[Rejected]:
+        """Send dead letters through the steps and sinks again; returns those rejected
+        again (recorded as new dead letters by the sinks' batch state)."""
+        async with _run_context() as run:
+            state = PipelineState(run.store)
+            # A sink's reject was refused after the steps: it goes straight to the sinks again.
+            # Other rejects are records as read: they go through the steps again.
+            from_sinks = [letter.record for letter in letters if letter.stage.startswith("sink:")]
+            from_steps = [letter.record for letter in letters if not letter.stage.startswith("sink:")]
+            kept, rejected = await self._steps([record for record in from_steps if isinstance(record, dict)])
+            step_letters = [dead_letter(item) for item in rejected]
+            return rejected + await self._write(kept + from_sinks, state, run, None, step_letters)
+
+    async def _run(self, run: PipelineRun) -> RunReport:
+        pipeline, state = self.pipeline, PipelineState(run.store)
+        resume_after = None
+        if pipeline.source.resumable:
+            saved = await state.checkpoint(self.id)
+            if saved is not None and saved.source == pipeline.source.name:
+                resume_after = saved.position
+                log.info("pipeline %s resumes %s after %s", self.id, pipeline.source.name, resume_after)
+        batches = read = passed = rejected_total = 0
+        async for batch in pipeline.source.read(pipeline.batch_size, resume_after):
+            with span(pipeline.tracing, "pipeline.batch", {"pipeline.id": self.id, "batch.index": batches}) as batch_span:
+                kept, rejected = await self._steps(batch.records)
+                rejected = batch.rejected + rejected
+                checkpoint = Checkpoint(batch.position, pipeline.source.name) if pipeline.source.resumable else None
+                step_letters = [dead_letter(item) for item in rejected]
+                sink_rejected = await self._write(kept, state, run, checkpoint, step_letters)
+                batches += 1
+                read += len(batch.records) + len(batch.rejected)
+                passed += len(kept)
+                rejected_total += len(rejected) + len(sink_rejected)
+                if batch_span is not None:
+                    batch_span.set_attributes({"records.read": len(batch.records) + len(batch.rejected),
+                                               "records.passed": len(kept),
+                                               "records.rejected": len(rejected) + len(sink_rejected)})
+            if rejected_total > pipeline.max_dead_letters:
+                raise TooManyDeadLetters(
+                    f"pipeline {self.id}: {rejected_total} records rejected in this run, more than "
+                    f"max_dead_letters={pipeline.max_dead_letters} (see agora-pg dlq list --pipeline {self.id})"
+                )
+        return RunReport(self.id, batches, read, passed, rejected_total, resume_after)
+
+    async def _steps(self, records: list[Record]) -> tuple[list[Record], list[Rejected]]:
+        kept: list[Record] = []
+        rejected: list[Rejected] = []
+        for record in records:
+            current: Any = record
+            for step in self.pipeline.steps:
+                try:
+                    result = step.function(current)
+                    if inspect.isawaitable(result):
+                        result = await result
+                except Exception as error:  # noqa: BLE001 - a step's error rejects the record
+                    rejected.append(Rejected(f"{step.kind}:{step.name}", record, error))  # as read: replay starts over
+                    break
+                if step.kind == "filter":
+                    if not result:
+                        break
+                else:
+                    current = result
+            else:
+                kept.append(current)
+        return kept, rejected
+
+    async def _write(self, records: list[Record], state: PipelineState, run: PipelineRun,
+                     checkpoint: Checkpoint | None, letters: list[DeadLetter]) -> list[Rejected]:
+        """Write every sink; the batch state (checkpoint, dead letters) goes in the
+        transaction of a sink on the agora database, or is saved after all sinks wrote."""
+        committing = next((s for s in self.sinks if s.commits_state_for(run.store.database)), None)
+        rejected: list[Rejected] = []
+        for sink in self.sinks:
+            if sink is not committing:
+                rejected += await sink.write(records)
+        letters = letters + [dead_letter(item) for item in rejected]
+        to_table = self.dead_letter_sink is None
+        if not to_table:  # the configured dead-letter sink, before the position moves
+            await self._to_dead_letter_sink(run, letters)
+            letters = []
+        if committing is not None:
+            state_in_batch = BatchState(self.id, run.run_id, checkpoint, letters, record_rejects=to_table)
+            committed_rejects = await committing.write(records, state_in_batch)
+            if not to_table:  # right after the batch committed
+                await self._to_dead_letter_sink(run, [dead_letter(item) for item in committed_rejects])
+            rejected += committed_rejects
+        else:
+            await state.write_batch_state(self.id, run.run_id, checkpoint, letters)
+        return rejected
+
+    async def _to_dead_letter_sink(self, run: PipelineRun, letters: list[DeadLetter]) -> None:
+        if not letters or self.dead_letter_sink is None:
+            return
+        await self.dead_letter_sink.write([
+            {"pipeline_id": self.id, "run_id": run.run_id, "stage": letter.stage, "error_type": letter.error_type,
+             "error_message": letter.error_message, "record": letter.record}
+            for letter in letters
+        ])
+
+    async def close(self) -> None:
+        """Close the source and flush every sink, even if one of them fails."""
+        errors: list[BaseException] = []
+        closables: list[Source | Sink] = [self.pipeline.source, *self.sinks]
+        if self.dead_letter_sink is not None:
+            closables.append(self.dead_letter_sink)
+        for closable in closables:
+            try:
+                await closable.close()
+            except Exception as error:  # noqa: BLE001 - close the others, then raise the first
+                errors.append(error)
+        if errors:
+            raise errors[0]
+
+
+@contextlib.asynccontextmanager
+async def _run_context() -> AsyncIterator[PipelineRun]:
+    """The runner's run, or (called directly) a Store on the environment's database."""
+    run = current_run.get()
+    if run is not None:
+        yield run
+        return
+    async with resolve_database(load_settings(os.environ)) as database:
+        store = Store.open(database, pool_size=1)
+        try:
+            yield PipelineRun(store, None)
+        finally:
+            await store.close()
+
+
+def _name_of(function: Callable[..., Any] | Callable[..., Awaitable[Any]]) -> str:
+    return getattr(function, "__name__", type(function).__name__)

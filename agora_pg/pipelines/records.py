@@ -1,0 +1,100 @@
+"""Records, batches and the typing of text values (pure)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Mapping
+from datetime import date, datetime
+from decimal import Decimal
+from typing import Any
+
+from agora_pg.errors import ConfigError
+
+Record = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Rejected:
+    """A record a stage refused, and why."""
+
+    stage: str
+    record: Any
+    error: BaseException
+
+
+@dataclasses.dataclass(frozen=True)
+class Batch:
+    """Records read together, the source position after them (None for a source that
+    cannot resume), and the rows the source itself could not read."""
+
+    records: list[Record]
+    position: Any = None
+    rejected: list[Rejected] = dataclasses.field(default_factory=list)
+
+
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in {"true", "t", "yes", "y", "1"}:
+        return True
+    if value in {"false", "f", "no", "n", "0"}:
+        return False
+    raise ValueError(f"not a boolean: {text!r}")
+
+
+def _datetime(text: str) -> datetime:
+    value = datetime.fromisoformat(text.strip())
+    if value.tzinfo is None:
+        raise ValueError(f"timestamp without a UTC offset: {text!r}")
+    return value
+
+
+CONVERTERS: dict[str, Callable[[str], Any]] = {
+    "str": str,
+    "int": lambda text: int(text.strip()),
+    "float": lambda text: float(text.strip()),
+    "decimal": lambda text: Decimal(text.strip()),
+    "bool": _bool,
+    "date": lambda text: date.fromisoformat(text.strip()),
+    "datetime": _datetime,
+    "json": json.loads,
+}
+
+
+def check_schema(schema: Mapping[str, str], key: str) -> dict[str, str]:
+    """A column -> type name mapping whose types are known."""
+    for column, type_name in schema.items():
+        if type_name not in CONVERTERS:
+            raise ConfigError(f"{key}.{column}", f"expected one of {', '.join(CONVERTERS)}, got {type_name!r}")
+    return dict(schema)
+
+
+def typed(row: Mapping[str, str], schema: Mapping[str, str]) -> Record:
+    """Convert the schema's columns of a text row; an empty cell is None. Raises
+    ``ValueError`` naming the column for a value that does not convert."""
+    record: Record = dict(row)
+    for column, type_name in schema.items():
+        text = record.get(column)
+        if text is None or text == "":
+            record[column] = None
+            continue
+        try:
+            record[column] = CONVERTERS[type_name](text)
+        except (ValueError, ArithmeticError) as error:
+            raise ValueError(f"column {column!r}: expected {type_name}, got {text!r} ({error})") from None
+    return record
+
+
+def to_json(record: Any) -> str:
+    """A record as one line of JSON (dates, decimals and the like as strings)."""
+    return json.dumps(record, default=_json_default, ensure_ascii=False, separators=(",", ":"))
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value).hex()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")

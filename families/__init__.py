@@ -1,0 +1,1 @@
+"""Job families of the example application (see agora_pg.families)."""

@@ -1,0 +1,128 @@
+"""Config-only workers and pipeline runs as real processes: the seed's TOML, a
+100,000-row CSV killed halfway and resumed, dead letters listed and replayed."""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ..conftest import Processes
+from .test_api_processes import REPO, cli
+from .test_worker_processes import eventually, free_port, scalar, stop, worker_env
+
+SEED = REPO / "examples" / "pipelines.toml"
+
+
+def run_cli(*args: str, env: dict[str, str], cwd: Path = REPO, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cli("--log-level", "WARNING", *args), env=env, cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_run_config_runs_the_seed_once(database_url: str) -> None:
+    result = run_cli("run", "--config", str(SEED), env=worker_env(database_url))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == '{"id":1}'
+
+
+async def test_worker_config_serves_the_seed_pipeline(database_url: str, processes: Processes) -> None:
+    worker = processes.start(cli("worker", "--config", str(SEED), "--health-port", str(free_port())),
+                             worker_env(database_url), REPO)
+
+    async def ran() -> bool:
+        return await scalar(database_url, "SELECT count(*) FROM agora.runs WHERE pipeline_id = 'orders'") == 1
+
+    await eventually(ran, 30, "the orders pipeline to run")
+    code, output = stop(worker)
+    assert code == 0, output
+    assert '{"id":1}' in output.splitlines()
+    assert await scalar(database_url, "SELECT schedule_spec FROM agora.schedules WHERE pipeline_id = 'orders'") == "every 900s"
+
+
+def test_a_wrong_config_fails_before_anything_runs(database_url: str, tmp_path: Path) -> None:
+    config = tmp_path / "pipelines.toml"
+    config.write_text(SEED.read_text().replace("minutes = 15", 'minutes = "15m"'))
+    for args in (("worker", "--config", str(config)), ("run", "--config", str(config))):
+        result = run_cli(*args, env=worker_env(database_url))
+        assert result.returncode == 2, result
+        assert result.stderr.strip().splitlines()[-1] == (
+            'agora-pg: pipelines.orders.schedule.minutes: expected a positive number, got "15m"')
+    missing = run_cli("run", "--config", str(tmp_path / "nope.toml"), env=worker_env(database_url))
+    assert missing.returncode == 2 and "agora-pg: --config: cannot read" in missing.stderr
+
+
+def _csv_config(tmp_path: Path, database_url: str, rows: int) -> Path:
+    path = tmp_path / "events.csv"
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(("id", "amount", "note"))
+        writer.writerows((i, f"{i % 1000}.25", f"event {i}") for i in range(1, rows + 1))
+    config = tmp_path / "ingest.toml"
+    config.write_text(f'''format = "agora/v1"
+
+[pipelines.ingest]
+batch_size = 1000
+
+[pipelines.ingest.source]
+type = "csv"
+path = "{path}"
+schema = {{id = "int", amount = "decimal"}}
+
+[pipelines.ingest.schedule]
+mode = "once"
+
+[[pipelines.ingest.sinks]]
+type = "database"
+database_url = "${{AGORA_PG_DATABASE_URL}}"
+table = "public.events"
+''')
+    return config
+
+
+async def test_kill_9_halfway_through_a_csv_then_resume_writes_each_row_once(
+    database_url: str, processes: Processes, tmp_path: Path
+) -> None:
+    await scalar(database_url, "CREATE TABLE public.events (id int PRIMARY KEY, amount numeric, note text)")
+    config = _csv_config(tmp_path, database_url, 100_000)
+    env = worker_env(database_url)
+    first = processes.start(cli("run", "--config", str(config)), env, REPO)
+
+    async def partly() -> bool:
+        return int(await scalar(database_url, "SELECT count(*) FROM public.events")) >= 20_000  # type: ignore[arg-type]
+
+    await eventually(partly, 120, "the first 20,000 rows")
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait(timeout=10)
+    written = int(await scalar(database_url, "SELECT count(*) FROM public.events"))  # type: ignore[arg-type]
+    assert written < 100_000, "the run finished before it could be killed; make the file larger"
+    resumed = run_cli("run", "--config", str(config), env=env, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert await scalar(database_url, "SELECT count(*) FROM public.events") == 100_000
+    assert await scalar(database_url, "SELECT count(DISTINCT id) FROM public.events") == 100_000
+    assert await scalar(database_url, "SELECT (position #>> '{}')::int FROM agora.checkpoints WHERE pipeline_id = 'ingest'") == 100_000
+    statuses = await scalar(database_url, "SELECT string_agg(status, ',' ORDER BY id) FROM agora.runs WHERE pipeline_id = 'ingest'")
+    assert statuses == "running,succeeded"  # the killed run stays 'running': nothing recorded its end
+
+
+async def test_dlq_list_and_replay(database_url: str, tmp_path: Path) -> None:
+    await scalar(database_url, "CREATE TABLE public.events (id int PRIMARY KEY, amount numeric CHECK (amount >= 0), note text)")
+    config = _csv_config(tmp_path, database_url, 5)
+    csv_path = tmp_path / "events.csv"
+    csv_path.write_text(csv_path.read_text().replace("3,3.25", "3,-3.25"))
+    env = worker_env(database_url)
+    assert run_cli("run", "--config", str(config), env=env).returncode == 0
+    listed = run_cli("dlq", "list", "--pipeline", "ingest", env=env)
+    assert listed.returncode == 0
+    assert "CheckViolationError" in listed.stdout and "sink:database:public.events" in listed.stdout
+    await scalar(database_url, "ALTER TABLE public.events DROP CONSTRAINT events_amount_check")
+    replayed = run_cli("dlq", "replay", "--config", str(config), "--pipeline", "ingest", env=env)
+    assert replayed.returncode == 0, replayed.stderr
+    assert "replayed 1 dead letters of ingest: 1 written, 0 rejected again" in replayed.stdout
+    assert await scalar(database_url, "SELECT amount FROM public.events WHERE id = 3") == -3.25
+    assert "CheckViolationError" not in run_cli("dlq", "list", "--pipeline", "ingest", env=env).stdout

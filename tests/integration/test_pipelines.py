@@ -1,0 +1,246 @@
+"""Pipelines against real files and a real database: sources, sinks, steps,
+checkpoints, dead letters and spans."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import csv
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from agora_pg.db.pipeline_state import PipelineState
+from agora_pg.db.store import Store
+from agora_pg.pipelines import (
+    CsvSource,
+    DatabaseSink,
+    IterableSource,
+    JsonlSink,
+    Pipeline,
+    SqlSource,
+    StdoutSink,
+    TooManyDeadLetters,
+    Tracing,
+)
+from agora_pg.pipelines.pipeline import PipelineRun, current_run
+from agora_pg.runner import Schedule, ScheduledPipeline
+
+from .helpers import wait_until
+
+EVENTS = "CREATE TABLE public.events (id int PRIMARY KEY, amount numeric NOT NULL CHECK (amount >= 0), note text)"
+
+
+@contextlib.contextmanager
+def in_run(store: Store, run_id: int | None = None) -> Iterator[None]:
+    token = current_run.set(PipelineRun(store, run_id))
+    try:
+        yield
+    finally:
+        current_run.reset(token)
+
+
+def write_csv(path: Path, rows: list[tuple[object, ...]], header: tuple[str, ...] = ("id", "amount", "note")) -> None:
+    new = not path.exists()
+    with open(path, "a", newline="") as handle:
+        writer = csv.writer(handle)
+        if new:
+            writer.writerow(header)
+        writer.writerows(rows)
+
+
+async def fetch(store: Store, sql: str, *args: object) -> list[asyncpg.Record]:
+    async with store.connection() as connection:
+        return list(await connection.fetch(sql, *args))
+
+
+async def test_iterable_through_steps_into_stdout_and_jsonl(store: Store, tmp_path: Path) -> None:
+    stream = io.StringIO()
+    out = tmp_path / "out" / "records.jsonl"
+    built = (
+        Pipeline(IterableSource([{"n": i} for i in range(10)]), id="numbers", batch_size=3)
+        .filter(lambda record: record["n"] % 2 == 0)
+        .map(lambda record: {**record, "square": record["n"] ** 2})
+        .build(StdoutSink(stream), JsonlSink(out))
+    )
+    with in_run(store):
+        report = await built.run()
+        await built.close()
+    expected = [{"n": n, "square": n * n} for n in range(0, 10, 2)]
+    assert [json.loads(line) for line in stream.getvalue().splitlines()] == expected
+    assert [json.loads(line) for line in out.read_text().splitlines()] == expected
+    assert (report.batches, report.read, report.passed, report.dead_letters) == (4, 10, 5, 0)
+
+
+async def test_csv_into_the_database_resumes_after_its_checkpoint(store: Store, tmp_path: Path) -> None:
+    await fetch(store, EVENTS)
+    path = tmp_path / "events.csv"
+    write_csv(path, [(i, f"{i}.50", f"note {i}") for i in range(1, 251)])
+
+    def build() -> object:
+        return Pipeline(CsvSource(path, {"id": "int", "amount": "decimal"}), id="events", batch_size=100).build(
+            DatabaseSink(store.database.url, "public.events"))
+
+    with in_run(store):
+        first = build()
+        report = await first.run()  # type: ignore[attr-defined]
+        await first.close()  # type: ignore[attr-defined]
+        assert (report.read, report.resumed_after) == (250, None)
+        again = build()
+        assert (await again.run()).read == 0  # type: ignore[attr-defined]
+        await again.close()  # type: ignore[attr-defined]
+        write_csv(path, [(i, "1", None) for i in range(251, 261)])
+        more = build()
+        report = await more.run()  # type: ignore[attr-defined]
+        await more.close()  # type: ignore[attr-defined]
+    assert (report.read, report.resumed_after) == (10, 250)
+    rows = await fetch(store, "SELECT count(*) AS n, sum(amount) AS total FROM public.events")
+    assert rows[0]["n"] == 260
+    checkpoint = await PipelineState(store).checkpoint("events")
+    assert checkpoint is not None and checkpoint.position == 260 and checkpoint.source == f"csv:{path}"
+
+
+async def test_rows_the_table_refuses_become_dead_letters_and_the_rest_is_kept(store: Store, tmp_path: Path) -> None:
+    await fetch(store, EVENTS)
+    path = tmp_path / "events.csv"
+    write_csv(path, [(1, "5", "ok"), (2, "-1", "negative"), (3, "oops", "not a number"), (4, "7", "ok"), (1, "9", "dup")])
+    built = Pipeline(CsvSource(path, {"id": "int", "amount": "decimal"}), id="events").build(
+        DatabaseSink(store.database.url, "public.events", mode="insert"))
+    with in_run(store, run_id=None):
+        report = await built.run()
+        await built.close()
+    assert report.dead_letters == 3
+    assert [row["id"] for row in await fetch(store, "SELECT id FROM public.events ORDER BY id")] == [1, 4]
+    letters = sorted(await PipelineState(store).dead_letters("events", False, 10), key=lambda letter: str(letter.record))
+    assert {letter.stage for letter in letters} == {"source:csv", "sink:database:public.events"}
+    assert {letter.error_type for letter in letters} == {"ValueError", "CheckViolationError", "UniqueViolationError"}
+    bad_amount = next(letter for letter in letters if letter.stage == "source:csv")
+    assert bad_amount.record == {"id": "3", "amount": "oops", "note": "not a number"}
+    assert "column 'amount': expected decimal" in bad_amount.error_message
+
+
+async def test_step_errors_are_dead_letters_up_to_the_limit(store: Store) -> None:
+    def parse(record: dict[str, object]) -> dict[str, object]:
+        return {"value": int(str(record["raw"]))}
+
+    records = [{"raw": "1"}, {"raw": "x"}, {"raw": "2"}, {"raw": "y"}, {"raw": "z"}]
+    stream = io.StringIO()
+    built = Pipeline(IterableSource(records), id="parse", max_dead_letters=2).map(parse).build(StdoutSink(stream))
+    with in_run(store, run_id=None), pytest.raises(TooManyDeadLetters, match="3 records rejected"):
+        await built.run()
+    letters = await PipelineState(store).dead_letters("parse", False, 10)
+    assert sorted(letter.record["raw"] for letter in letters) == ["x", "y", "z"]
+    assert {letter.stage for letter in letters} == {"map:parse"}
+    assert stream.getvalue().splitlines() == ['{"value":1}', '{"value":2}']
+
+
+async def test_dead_letters_replay_through_steps_and_sinks(store: Store) -> None:
+    await fetch(store, EVENTS)
+    fixed = {"ok": False}
+
+    def check(record: dict[str, object]) -> dict[str, object]:
+        if record["id"] == 2 and not fixed["ok"]:
+            raise RuntimeError("not yet")
+        return record
+
+    def build() -> object:
+        return Pipeline(IterableSource([{"id": 1, "amount": 1}, {"id": 2, "amount": 2}]), id="replayed").map(check).build(
+            DatabaseSink(store.database.url, "public.events"))
+
+    with in_run(store):
+        first = build()
+        await first.run()  # type: ignore[attr-defined]
+        await first.close()  # type: ignore[attr-defined]
+        state = PipelineState(store)
+        waiting = await state.waiting_dead_letters("replayed", 10)
+        assert [letter.record for letter in waiting] == [{"id": 2, "amount": 2}]
+        fixed["ok"] = True
+        second = build()
+        again = await second.replay(waiting)  # type: ignore[attr-defined]
+        await second.close()  # type: ignore[attr-defined]
+    assert again == []
+    assert [row["id"] for row in await fetch(store, "SELECT id FROM public.events ORDER BY id")] == [1, 2]
+
+
+async def test_sql_source_resumes_after_its_key(store: Store) -> None:
+    await fetch(store, "CREATE TABLE public.source_rows (id int PRIMARY KEY, name text)")
+    await fetch(store, "INSERT INTO public.source_rows SELECT i, 'row ' || i FROM generate_series(1, 25) i")
+    out = io.StringIO()
+
+    async def run_once() -> int:
+        built = Pipeline(SqlSource("SELECT id, name FROM public.source_rows", store.database.url, key="id"),
+                         id="rows", batch_size=10).build(StdoutSink(out))
+        with in_run(store):
+            report = await built.run()
+            await built.close()
+        return report.read
+
+    assert await run_once() == 25
+    await fetch(store, "INSERT INTO public.source_rows VALUES (26, 'late'), (27, 'later')")
+    assert await run_once() == 2
+    ids = [json.loads(line)["id"] for line in out.getvalue().splitlines()]
+    assert ids == list(range(1, 28))
+
+
+async def test_a_sink_on_another_database_saves_the_checkpoint_after_the_batch(store: Store, tmp_path: Path) -> None:
+    await fetch(store, EVENTS)
+    path = tmp_path / "events.csv"
+    write_csv(path, [(i, "1", None) for i in range(1, 6)])
+    other_url = store.database.url + ("&" if "?" in store.database.url else "?") + "application_name=elsewhere"
+    sink = DatabaseSink(other_url, "events")
+    assert not sink.commits_state_for(store.database)
+    built = Pipeline(CsvSource(path, {"id": "int", "amount": "int"}), id="elsewhere").build(sink)
+    with in_run(store):
+        await built.run()
+        await built.close()
+    checkpoint = await PipelineState(store).checkpoint("elsewhere")
+    assert checkpoint is not None and checkpoint.position == 5
+
+
+async def test_scheduled_pipeline_records_run_ids_and_spans(store: Store, settings: object) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer_before = trace.get_tracer_provider()
+    trace._TRACER_PROVIDER = provider  # type: ignore[attr-defined]  # this test's provider, restored below
+    try:
+        async def factory() -> object:
+            return (Pipeline(IterableSource([{"n": 1}, {"n": "bad"}]), id="traced", tracing=Tracing(service_name="t"))
+                    .map(lambda record: {"n": int(record["n"])}, name="to_int").build(StdoutSink(io.StringIO())))
+
+        scheduled = ScheduledPipeline(factory, Schedule.once(), "traced")
+        task = asyncio.create_task(scheduled.serve(store, "w1", settings))  # type: ignore[arg-type]
+        await asyncio.wait_for(task, 15)
+    finally:
+        trace._TRACER_PROVIDER = tracer_before  # type: ignore[attr-defined]
+    [run] = await fetch(store, "SELECT id, status FROM agora.runs WHERE pipeline_id = 'traced'")
+    assert run["status"] == "succeeded"
+    [letter] = await PipelineState(store).dead_letters("traced", False, 10)
+    assert (letter.run_id, letter.stage) == (run["id"], "map:to_int")
+    spans = {span.name: span for span in exporter.get_finished_spans()}
+    assert set(spans) == {"pipeline.run", "pipeline.batch"}
+    assert spans["pipeline.run"].attributes["agora.run_id"] == run["id"]
+    assert spans["pipeline.run"].attributes["records.dead_letters"] == 1
+    assert spans["pipeline.batch"].attributes["records.read"] == 2
+
+
+async def test_without_tracing_no_opentelemetry_is_needed(store: Store) -> None:
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, asyncio\n"
+        "from agora_pg.pipelines import Pipeline, IterableSource, StdoutSink\n"
+        "built = Pipeline(IterableSource([{'a': 1}]), id='p').build(StdoutSink())\n"
+        "print('opentelemetry' in sys.modules)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip() == "False", result.stderr

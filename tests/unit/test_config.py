@@ -1,0 +1,144 @@
+"""The agora/v1 config: the seed's file, every option, every error path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agora_pg.config import load_config
+from agora_pg.errors import ConfigError
+from agora_pg.schedules import Schedule
+
+SEED = (Path(__file__).resolve().parents[2] / "examples" / "pipelines.toml").read_text()
+
+FULL = """
+format = "agora/v1"
+[worker]
+health_port = 0
+graceful_shutdown_timeout = 12.5
+
+[pipelines.ingest]
+id = "events_ingest"
+batch_size = 500
+error_backoff_seconds = 30
+max_consecutive_errors = 5
+[pipelines.ingest.source]
+type = "csv"
+path = "events.csv"
+schema = {id = "int", amount = "decimal", at = "datetime"}
+delimiter = ";"
+[pipelines.ingest.schedule]
+mode = "cron"
+expression = "0 2 * * *"
+timezone = "Europe/Berlin"
+[pipelines.ingest.dead_letters]
+max_per_run = 7
+sink = {type = "jsonl", path = "rejects.jsonl"}
+[pipelines.ingest.tracing]
+enabled = true
+service_name = "ingest"
+exporter = "console"
+[[pipelines.ingest.sinks]]
+type = "database"
+database_url = "${DATABASE_URL}"
+table = "public.events"
+columns = ["id", "amount"]
+mode = "insert"
+[[pipelines.ingest.sinks]]
+type = "jsonl"
+path = "copy.jsonl"
+
+[pipelines.backfill.source]
+type = "sql"
+query = "SELECT * FROM old_events"
+database_url = "${DATABASE_URL}"
+key = "id"
+[pipelines.backfill.schedule]
+mode = "once"
+[[pipelines.backfill.sinks]]
+type = "stdout"
+
+[pipelines.consumer.source]
+type = "iterable"
+records = []
+[pipelines.consumer.schedule]
+mode = "continuous"
+[[pipelines.consumer.sinks]]
+type = "stdout"
+"""
+
+ENV = {"DATABASE_URL": "postgresql://u@h/db"}
+
+
+def test_the_seed_file_parses() -> None:
+    config = load_config(SEED, {})
+    assert config.health_port == 8080 and config.graceful_shutdown_timeout == 30.0
+    orders = config.pipelines["orders"]
+    assert (orders.id, orders.source.type, orders.source.options["records"]) == ("orders", "iterable", [{"id": 1}])
+    assert orders.schedule == Schedule.every(minutes=15)
+    assert [sink.type for sink in orders.sinks] == ["stdout"]
+    assert orders.tracing is not None and (orders.tracing.enabled, orders.tracing.service_name) == (True, "orders-worker")
+    assert (orders.max_dead_letters, orders.dead_letter_sink, orders.batch_size) == (100, None, 1000)
+
+
+def test_every_option_has_a_form() -> None:
+    config = load_config(FULL, ENV)
+    assert (config.health_port, config.graceful_shutdown_timeout) == (0, 12.5)
+    ingest = config.pipelines["ingest"]
+    assert (ingest.id, ingest.batch_size, ingest.error_backoff_seconds, ingest.max_consecutive_errors) == (
+        "events_ingest", 500, 30.0, 5)
+    assert ingest.source.options == {"path": "events.csv", "schema": {"id": "int", "amount": "decimal", "at": "datetime"},
+                                     "delimiter": ";", "encoding": "utf-8"}
+    assert ingest.schedule == Schedule.cron("0 2 * * *", "Europe/Berlin")
+    assert ingest.max_dead_letters == 7
+    assert ingest.dead_letter_sink is not None and ingest.dead_letter_sink.options == {"path": "rejects.jsonl"}
+    assert ingest.tracing is not None and ingest.tracing.exporter == "console"
+    database = ingest.sinks[0]
+    assert database.options == {"database_url": "postgresql://u@h/db", "table": "public.events",
+                                "columns": ["id", "amount"], "mode": "insert"}
+    backfill = config.pipelines["backfill"]
+    assert backfill.schedule == Schedule.once() and backfill.source.options["key"] == "id"
+    assert config.pipelines["consumer"].schedule == Schedule.continuous()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (('minutes = 15', 'minutes = "15m"'), 'pipelines.orders.schedule.minutes: expected a positive number, got "15m"'),
+        (('minutes = 15', 'minutes = -1'), "pipelines.orders.schedule.minutes: expected a positive number, got -1"),
+        (('minutes = 15', 'minutes = 15\ncolour = "red"'), "pipelines.orders.schedule.colour: unknown key"),
+        (('mode = "every"', 'mode = "sometimes"'), 'pipelines.orders.schedule.mode: expected one of every, cron, continuous, once, got "sometimes"'),
+        (('format = "agora/v1"', 'format = "agora/v2"'), 'format: expected "agora/v1", got "agora/v2"'),
+        (('health_port = 8080', 'health_port = 99999'), "worker.health_port: expected a port number (0-65535), got 99999"),
+        (('health_port = 8080', 'health_port = "8080"'), 'worker.health_port: expected a whole number, got "8080"'),
+        (('type = "iterable"', 'type = "kafka"'), 'pipelines.orders.source.type: expected one of iterable, csv, sql, got "kafka"'),
+        (('records = [{id = 1}]', 'records = [1]'), "pipelines.orders.source.records[0]: expected a table, got 1"),
+        (('type = "stdout"', 'type = "jsonl"'), "pipelines.orders.sinks[0].path: missing (expected a string)"),
+        (('enabled = true', 'enabled = "yes"'), 'pipelines.orders.tracing.enabled: expected true or false, got "yes"'),
+        (('backend = "opentelemetry"', 'backend = "zipkin"'), 'pipelines.orders.tracing.backend: expected "opentelemetry", got "zipkin"'),
+        (('[worker]', '[workers]'), "workers: unknown key"),
+        (('records = [{id = 1}]', 'records = [{id = 1}]\npath = "${NOT_SET}"'), "pipelines.orders.source.path: environment variable NOT_SET is not set"),
+        (('[pipelines.orders.schedule]', '[pipelines.orders.timing]'), "pipelines.orders.schedule: missing"),
+        (('minutes = 15', 'minutes = 15\n[pipelines.orders.dead_letters]\nmax_per_run = -2'), "pipelines.orders.dead_letters.max_per_run: expected a whole number >= 0, got -2"),
+        (('format = "agora/v1"', 'format = "agora/v1"\n[x'), "(file): not valid TOML"),
+    ],
+)
+def test_a_wrong_config_names_the_key_path(change: tuple[str, str], message: str) -> None:
+    old, new = change
+    assert old in SEED
+    with pytest.raises(ConfigError) as caught:
+        load_config(SEED.replace(old, new, 1), {})
+    assert str(caught.value).startswith(message), str(caught.value)
+
+
+def test_cron_and_csv_errors() -> None:
+    bad_cron = FULL.replace('expression = "0 2 * * *"', 'expression = "every day"')
+    with pytest.raises(ConfigError, match=r"^pipelines.ingest.schedule.expression: "):
+        load_config(bad_cron, ENV)
+    bad_type = FULL.replace('amount = "decimal"', 'amount = "money"')
+    with pytest.raises(ConfigError, match=r'^pipelines.ingest.source.schema.amount: expected one of .*got "money"'):
+        load_config(bad_type, ENV)
+    duplicate = FULL.replace('id = "events_ingest"', 'id = "consumer"')
+    with pytest.raises(ConfigError, match=r'^pipelines.(ingest|consumer).id: "consumer" is the id of another pipeline'):
+        load_config(duplicate, ENV)
