@@ -52,12 +52,11 @@ class FamilyRegistry:
 
         async def handle(job: Job, resources: Any) -> Any:
             variant = job.payload.get("variant", DEFAULT_VARIANT)
-            target = variants.get(variant)
+            target: Any = variants.get(variant)
             if target is None:
                 raise UnknownVariant(f"{kind} has no variant {variant!r} (it has {', '.join(sorted(variants))})")
-            if inspect.isclass(target):
-                root: Any = target(resources)
-                result = root.run(job.payload)
+            if isinstance(target, type):
+                result = target(resources).run(job.payload)
             else:
                 result = target(job, resources)
             return await result if inspect.isawaitable(result) else result
