@@ -51,9 +51,9 @@ def _datetime(text: str) -> datetime:
 
 CONVERTERS: dict[str, Callable[[str], Any]] = {
     "str": str,
-    "int": lambda text: int(text.strip()),
-    "float": lambda text: float(text.strip()),
-    "decimal": lambda text: Decimal(text.strip()),
+    "int": int,  # int(), float() and Decimal() accept surrounding spaces themselves
+    "float": float,
+    "decimal": Decimal,
     "bool": _bool,
     "date": lambda text: date.fromisoformat(text.strip()),
     "datetime": _datetime,
@@ -69,20 +69,22 @@ def check_schema(schema: Mapping[str, str], key: str) -> dict[str, str]:
     return dict(schema)
 
 
-def typed(row: Mapping[str, str], schema: Mapping[str, str]) -> Record:
-    """Convert the schema's columns of a text row; an empty cell is None. Raises
-    ``ValueError`` naming the column for a value that does not convert."""
-    record: Record = dict(row)
+def typed(row: dict[str, Any], schema: Mapping[str, str]) -> Record:
+    """Convert the schema's columns of a text row in place (and return it); an empty
+    cell is None. Raises ``ValueError`` naming the column for a value that does not
+    convert, leaving the row as it was read."""
+    converted: Record = {}
     for column, type_name in schema.items():
-        text = record.get(column)
+        text = row.get(column)
         if text is None or text == "":
-            record[column] = None
+            converted[column] = None
             continue
         try:
-            record[column] = CONVERTERS[type_name](text)
+            converted[column] = CONVERTERS[type_name](text)
         except (ValueError, ArithmeticError) as error:
             raise ValueError(f"column {column!r}: expected {type_name}, got {text!r} ({error})") from None
-    return record
+    row.update(converted)
+    return row
 
 
 def to_json(record: Any) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import operator
 import os
 import sys
 from collections.abc import Sequence
@@ -139,7 +140,7 @@ class DatabaseSink(Sink):
     async def write(self, records: Sequence[Record], state: BatchState | None = None) -> list[Rejected]:
         connection = await self._connect()
         columns = await self._columns(connection, records)
-        rows = [tuple(record.get(column) for column in columns) for record in records]
+        rows = _rows(records, columns)
         rejected: list[Rejected] = []
         try:
             async with connection.transaction():
@@ -194,6 +195,17 @@ class DatabaseSink(Sink):
         if self._connection is not None:
             await self._connection.close()
             self._connection = None
+
+
+def _rows(records: Sequence[Record], columns: list[str]) -> list[tuple[Any, ...]]:
+    """Each record's values in column order (None where a record lacks a column)."""
+    if len(columns) > 1:
+        pick = operator.itemgetter(*columns)
+        try:
+            return [pick(record) for record in records]  # all columns present: the fast way
+        except KeyError:
+            pass
+    return [tuple(map(record.get, columns)) for record in records]
 
 
 def dead_letter(item: Rejected) -> DeadLetter:

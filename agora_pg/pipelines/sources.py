@@ -77,19 +77,20 @@ class CsvSource(Source):
         try:
             reader = csv.DictReader(handle, delimiter=self.delimiter)
             rows_read = await asyncio.to_thread(_skip, reader, skip)
-            while True:
-                rows = await asyncio.to_thread(_take, reader, batch_size)
-                if not rows:
-                    return
-                rows_read += len(rows)
-                records: list[Record] = []
-                rejected: list[Rejected] = []
-                for row in rows:
-                    try:
-                        records.append(typed(row, self.schema))
-                    except ValueError as error:
-                        rejected.append(Rejected("source:csv", row, error))
-                yield Batch(records, rows_read, rejected)
+            # Parsing and typing run in a thread, one batch ahead: the next batch is read
+            # while the sinks write this one (COPY keeps the server busy meanwhile).
+            upcoming = asyncio.ensure_future(asyncio.to_thread(_read_batch, reader, batch_size, self.schema))
+            try:
+                while True:
+                    records, rejected, count = await upcoming
+                    if count == 0:
+                        return
+                    rows_read += count
+                    upcoming = asyncio.ensure_future(asyncio.to_thread(_read_batch, reader, batch_size, self.schema))
+                    yield Batch(records, rows_read, rejected)
+            finally:
+                if not upcoming.done():
+                    await asyncio.wait([upcoming])
         finally:
             handle.close()
 
@@ -101,13 +102,23 @@ def _skip(reader: csv.DictReader[str], count: int) -> int:
     return count
 
 
-def _take(reader: csv.DictReader[str], count: int) -> list[dict[str, str]]:
-    rows = []
+def _read_batch(
+    reader: csv.DictReader[str], count: int, schema: Mapping[str, str]
+) -> tuple[list[Record], list[Rejected], int]:
+    """Up to ``count`` rows, typed; rows whose values do not convert are rejected."""
+    records: list[Record] = []
+    rejected: list[Rejected] = []
+    taken = 0
     for row in reader:
-        rows.append({key: value for key, value in row.items() if key is not None})
-        if len(rows) == count:
+        taken += 1
+        row.pop(None, None)  # type: ignore[call-overload,unused-ignore]  # cells beyond the header
+        try:
+            records.append(typed(row, schema))
+        except ValueError as error:
+            rejected.append(Rejected("source:csv", row, error))
+        if taken == count:
             break
-    return rows
+    return records, rejected, taken
 
 
 class SqlSource(Source):
