@@ -24,7 +24,9 @@ class JobController(Controller):
     tags = ["jobs"]
 
     @post("/", status_code=201, responses=None)
-    async def create_job(self, data: JSONBody[JobCreate], store: NamedDependency[Store], settings: NamedDependency[Settings]) -> Response[JobOut]:
+    async def create_job(
+        self, data: JSONBody[JobCreate], store: NamedDependency[Store], settings: NamedDependency[Settings]
+    ) -> Response[JobOut]:
         """Enqueue a job: 201 with the new job, or 200 with the live job holding its ``dedup_key``."""
         size = len(_encoded_payload(data.payload))
         if size > settings.api_max_payload_bytes:

@@ -27,7 +27,8 @@ def render_metrics(snapshot: MetricsSnapshot) -> bytes:
         oldest.labels(queue=queue).set(age)
     runs = Gauge(
         "agora_runs_recent",
-        f"Runs (job attempts and pipeline ticks) finished in the last {snapshot.recent_window_seconds:g} s, by outcome.",
+        f"Runs (job attempts and pipeline ticks) finished in the last {snapshot.recent_window_seconds:g} s, "
+        "by outcome.",
         ["outcome"], registry=registry,
     )
     for outcome in ("succeeded", "failed", "abandoned", "cancelled"):

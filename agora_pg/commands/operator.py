@@ -59,7 +59,9 @@ def parse_time(option: str, text: str | None) -> datetime | None:
     try:
         value = datetime.fromisoformat(text)
     except ValueError:
-        raise InvalidArgument(option, f"expected an ISO 8601 time such as 2026-01-01T09:00:00+00:00, got {text!r}") from None
+        raise InvalidArgument(
+            option, f"expected an ISO 8601 time such as 2026-01-01T09:00:00+00:00, got {text!r}"
+        ) from None
     if value.tzinfo is None:
         raise InvalidArgument(option, f"expected a time with a UTC offset (add +00:00 or Z), got {text!r}")
     return value

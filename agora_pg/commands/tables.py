@@ -23,5 +23,6 @@ def render_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> st
     widths = [max([len(header)] + [len(row[i]) for row in cells]) for i, header in enumerate(headers)]
     lines = ["  ".join(header.ljust(width) for header, width in zip(headers, widths, strict=True)).rstrip()]
     lines.append("  ".join("-" * width for width in widths))
-    lines.extend("  ".join(text.ljust(width) for text, width in zip(row, widths, strict=True)).rstrip() for row in cells)
+    for row in cells:
+        lines.append("  ".join(text.ljust(width) for text, width in zip(row, widths, strict=True)).rstrip())
     return "\n".join(lines)

@@ -335,7 +335,9 @@ class Store:
 
     async def pause_schedule(self, pipeline_id: str) -> ScheduleRow:
         """Stop starting runs of a schedule until it is resumed."""
-        return await self._change_schedule(queries.PAUSE_SCHEDULE, pipeline_id, "pause", "only an active schedule pauses")
+        return await self._change_schedule(
+            queries.PAUSE_SCHEDULE, pipeline_id, "pause", "only an active schedule pauses"
+        )
 
     async def resume_schedule(self, pipeline_id: str) -> ScheduleRow:
         """Start a paused or stopped schedule again."""
@@ -346,7 +348,8 @@ class Store:
     async def trigger_schedule(self, pipeline_id: str) -> ScheduleRow:
         """Make an active, idle schedule due now (it runs once, then on its schedule)."""
         return await self._change_schedule(
-            queries.TRIGGER_SCHEDULE, pipeline_id, "trigger", "only an active schedule that is not running can be triggered"
+            queries.TRIGGER_SCHEDULE, pipeline_id, "trigger",
+            "only an active schedule that is not running can be triggered",
         )
 
     async def _change_schedule(self, statement: str, pipeline_id: str, action: str, problem: str) -> ScheduleRow:

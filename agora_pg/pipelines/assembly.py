@@ -15,7 +15,8 @@ def build_source(component: Component) -> Source:
     if component.type == "iterable":
         return IterableSource(options["records"])
     if component.type == "csv":
-        return CsvSource(options["path"], options["schema"], delimiter=options["delimiter"], encoding=options["encoding"])
+        return CsvSource(options["path"], options["schema"], delimiter=options["delimiter"],
+                         encoding=options["encoding"])
     return SqlSource(options["query"], options["database_url"], key=options["key"])
 
 

@@ -150,7 +150,8 @@ class BuiltPipeline:
                 log.info("pipeline %s resumes %s after %s", self.id, pipeline.source.name, resume_after)
         batches = read = passed = rejected_total = 0
         async for batch in pipeline.source.read(pipeline.batch_size, resume_after):
-            with span(pipeline.tracing, "pipeline.batch", {"pipeline.id": self.id, "batch.index": batches}) as batch_span:
+            attributes = {"pipeline.id": self.id, "batch.index": batches}
+            with span(pipeline.tracing, "pipeline.batch", attributes) as batch_span:
                 kept, rejected = await self._steps(batch.records)
                 rejected = batch.rejected + rejected
                 checkpoint = Checkpoint(batch.position, pipeline.source.name) if pipeline.source.resumable else None

@@ -172,7 +172,8 @@ class DatabaseSink(Sink):
     async def _write_state(connection: asyncpg.Connection, state: BatchState | None, rejected: list[Rejected]) -> None:
         if state is None:
             return
-        letters = state.dead_letters + ([dead_letter(item) for item in rejected] if state.record_rejects else [])
+        own = [dead_letter(item) for item in rejected] if state.record_rejects else []
+        letters = state.dead_letters + own
         await write_batch_state(connection, state.pipeline_id, state.run_id, state.checkpoint, letters)
 
     async def _connect(self) -> asyncpg.Connection:

@@ -126,3 +126,15 @@ async def test_dlq_list_and_replay(database_url: str, tmp_path: Path) -> None:
     assert "replayed 1 dead letters of ingest: 1 written, 0 rejected again" in replayed.stdout
     assert await scalar(database_url, "SELECT amount FROM public.events WHERE id = 3") == -3.25
     assert "CheckViolationError" not in run_cli("dlq", "list", "--pipeline", "ingest", env=env).stdout
+
+
+def test_run_config_exports_spans_to_the_console(database_url: str, tmp_path: Path) -> None:
+    config = tmp_path / "traced.toml"
+    config.write_text(SEED.read_text().replace('service_name = "orders-worker"',
+                                               'service_name = "orders-worker"\nexporter = "console"'))
+    result = run_cli("run", "--config", str(config), env=worker_env(database_url))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0] == '{"id":1}'
+    assert '"name": "pipeline.run"' in result.stdout and '"name": "pipeline.batch"' in result.stdout
+    assert '"service.name": "orders-worker"' in result.stdout
+    assert '"pipeline.id": "orders"' in result.stdout
