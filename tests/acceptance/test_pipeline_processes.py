@@ -138,3 +138,14 @@ def test_run_config_exports_spans_to_the_console(database_url: str, tmp_path: Pa
     assert '"name": "pipeline.run"' in result.stdout and '"name": "pipeline.batch"' in result.stdout
     assert '"service.name": "orders-worker"' in result.stdout
     assert '"pipeline.id": "orders"' in result.stdout
+
+
+def test_seed_config_on_a_fresh_embedded_server_needs_no_other_step(tmp_path: Path) -> None:
+    """No DATABASE_URL: the command migrates the embedded server itself, then runs."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("WORKER_", "AGORA_PG_", "DATABASE_URL"))}
+    env["AGORA_PG_DATA_DIR"] = str(tmp_path / ".agora-pg")
+    config = tmp_path / "pipelines.toml"
+    config.write_bytes(SEED.read_bytes())  # a new user copies the file
+    result = run_cli("run", "--config", str(config), env=env, cwd=tmp_path, timeout=180)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == '{"id":1}'
