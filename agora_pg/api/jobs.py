@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Annotated
 
 import msgspec
-from litestar.di import NamedDependency
 from litestar import Controller, Response, get, post
+from litestar.di import NamedDependency
 from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 
 from agora_pg.api import params

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from litestar.di import NamedDependency
 from litestar import Response, get
 from litestar.datastructures import State
+from litestar.di import NamedDependency
 from litestar.status_codes import HTTP_200_OK, HTTP_503_SERVICE_UNAVAILABLE
 
 from agora_pg.api.auth import PUBLIC

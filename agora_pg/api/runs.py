@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated
 
-from litestar.di import NamedDependency
 from litestar import Controller, get
+from litestar.di import NamedDependency
 from litestar.params import FromQuery, QueryParameter
 
 from agora_pg.api import params

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from litestar import Controller, get, post
 from litestar.di import NamedDependency
 from litestar.params import FromPath
-from litestar import Controller, get, post
 
 from agora_pg.api import params
 from agora_pg.api.schemas import ScheduleOut

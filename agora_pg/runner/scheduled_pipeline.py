@@ -23,8 +23,8 @@ from agora_pg.db.connect import resolve_database
 from agora_pg.db.schedule_rows import ClaimedRun, RunFinish, ScheduleRegistration, ScheduleRow
 from agora_pg.db.store import Store
 from agora_pg.errors import DatabaseUnavailable
-from agora_pg.pipelines.pipeline import PipelineRun, current_run
 from agora_pg.lifecycle import wait_for_event
+from agora_pg.pipelines.pipeline import PipelineRun, current_run
 from agora_pg.retry import describe_error
 from agora_pg.schedules import Schedule, error_backoff
 from agora_pg.settings import Settings, load_settings
