@@ -26,22 +26,10 @@ async def enqueue_rates(server: Database, system: System, count: int) -> dict[st
     return {"enqueue_one_per_s": count / one, "enqueue_batch_per_s": count / batch}
 
 
-async def drain_rate(server: Database, system: System, jobs: int, processes: int, label: str = "drain",
-                     prepare: object = None) -> float:
+async def drain_rate(server: Database, system: System, jobs: int, processes: int, label: str = "drain") -> float:
     """Jobs per second from the first to the last completion recorded by the system."""
     async with fresh_database(server, system, label) as url:
-        if prepare is not None:
-            await prepare(url)  # type: ignore[operator]
-        await system.enqueue_batch(url, jobs)
-        with workers(system, url, "drain", processes) as started:
-            deadline = time.monotonic() + DRAIN_TIMEOUT
-            while await system.done_count(url) < jobs:
-                if any(p.poll() is not None for p in started):
-                    raise RuntimeError(f"{system.name}: a worker exited early")
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{system.name}: drain of {jobs} did not finish in {DRAIN_TIMEOUT:.0f}s")
-                await asyncio.sleep(0.1)
-        return jobs / await system.completion_span_seconds(url)
+        return await _drain_once(system, url, jobs, processes)
 
 
 async def drain_rate_median(server: Database, system: System, jobs: int, repeats: int, label: str,
@@ -56,17 +44,21 @@ async def drain_rate_median(server: Database, system: System, jobs: int, repeats
         for round_index in range(repeats):
             if round_index and age_runs is not None:
                 await age_runs(url)  # type: ignore[operator]
-            await system.enqueue_batch(url, jobs)
-            with workers(system, url, "drain", 1) as started:
-                deadline = time.monotonic() + DRAIN_TIMEOUT
-                while await system.done_count(url) < jobs:
-                    if any(p.poll() is not None for p in started):
-                        raise RuntimeError(f"{system.name}: a worker exited early")
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"{system.name}: drain of {jobs} did not finish in {DRAIN_TIMEOUT:.0f}s")
-                    await asyncio.sleep(0.1)
-            rates.append(jobs / await system.completion_span_seconds(url))
+            rates.append(await _drain_once(system, url, jobs, 1))
     return statistics.median(rates)
+
+
+async def _drain_once(system: System, url: str, jobs: int, processes: int) -> float:
+    await system.enqueue_batch(url, jobs)
+    with workers(system, url, "drain", processes) as started:
+        deadline = time.monotonic() + DRAIN_TIMEOUT
+        while await system.done_count(url) < jobs:
+            if any(p.poll() is not None for p in started):
+                raise RuntimeError(f"{system.name}: a worker exited early")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{system.name}: drain of {jobs} did not finish in {DRAIN_TIMEOUT:.0f}s")
+            await asyncio.sleep(0.1)
+    return jobs / await system.completion_span_seconds(url)
 
 
 async def wakeup_latency(server: Database, system: System, jobs: int, per_second: float = 20.0) -> dict[str, float]:
