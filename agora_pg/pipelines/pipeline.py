@@ -3,6 +3,7 @@ through steps, into sinks, in batches, with checkpoints and dead letters."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import dataclasses
@@ -31,12 +32,18 @@ class TooManyDeadLetters(AgoraError):
     """A run rejected more records than its pipeline allows; the run fails."""
 
 
+class PipelineInterrupted(AgoraError):
+    """The worker is stopping: a resumable pipeline stopped after its current batch
+    (its position is saved; the next run goes on from there)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class PipelineRun:
     """The run a pipeline executes in: set by the runner, read by ``BuiltPipeline.run``."""
 
     store: Store
     run_id: int | None
+    stopping: asyncio.Event | None = None  # set when the worker stops: end after the current batch
 
 
 current_run: contextvars.ContextVar[PipelineRun | None] = contextvars.ContextVar("agora_pipeline_run", default=None)
@@ -169,6 +176,12 @@ class BuiltPipeline:
                 raise TooManyDeadLetters(
                     f"pipeline {self.id}: {rejected_total} records rejected in this run, more than "
                     f"max_dead_letters={pipeline.max_dead_letters} (see agora-pg dlq list --pipeline {self.id})"
+                )
+            if pipeline.source.resumable and run.stopping is not None and run.stopping.is_set():
+                # A source that cannot resume would be read again from the start: it finishes its run.
+                raise PipelineInterrupted(
+                    f"pipeline {self.id}: stopped after batch {batches} ({read} records); the next run "
+                    f"resumes after {batch.position!r}"
                 )
         return RunReport(self.id, batches, read, passed, rejected_total, resume_after)
 

@@ -24,7 +24,7 @@ from agora_pg.db.schedule_rows import ClaimedRun, RunFinish, ScheduleRegistratio
 from agora_pg.db.store import Store
 from agora_pg.errors import DatabaseUnavailable
 from agora_pg.lifecycle import wait_for_event
-from agora_pg.pipelines.pipeline import PipelineRun, current_run
+from agora_pg.pipelines.pipeline import PipelineInterrupted, PipelineRun, current_run
 from agora_pg.retry import describe_error
 from agora_pg.schedules import Schedule, error_backoff
 from agora_pg.settings import Settings, load_settings
@@ -233,12 +233,18 @@ class _PipelineRunner:
         pipeline._running = True
         renewer = asyncio.create_task(self._renew_lease())
         error: BaseException | None = None
-        run_token = current_run.set(PipelineRun(self.store, claimed.run_id))  # checkpoints, dead letters
+        # The run's checkpoints and dead letters go through this store; a stop request
+        # ends a resumable pipeline after its current batch.
+        run_token = current_run.set(PipelineRun(self.store, claimed.run_id, pipeline._stop))
         try:
             await _run_pipeline(pipeline.factory)
         except asyncio.CancelledError:
             await self._release(claimed)
             raise
+        except PipelineInterrupted as interrupted:
+            log.info("%s", interrupted)
+            await self._release(claimed)
+            return None
         except Exception as raised:
             error = raised
         finally:

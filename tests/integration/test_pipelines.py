@@ -244,3 +244,36 @@ async def test_without_tracing_no_opentelemetry_is_needed(store: Store) -> None:
     )
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "False", result.stderr
+
+
+async def test_a_stopping_worker_ends_a_resumable_run_after_its_batch(store: Store, settings: object, tmp_path: Path) -> None:
+    await fetch(store, EVENTS)
+    path = tmp_path / "events.csv"
+    write_csv(path, [(i, "1", None) for i in range(1, 10_001)])
+    scheduled: list[ScheduledPipeline] = []
+
+    def stop_at_2500(record: dict[str, object]) -> dict[str, object]:
+        if record["id"] == 2500:
+            scheduled[0].stop()  # as SIGTERM would, in the middle of the third batch
+        return record
+
+    async def factory() -> object:
+        return (Pipeline(CsvSource(path, {"id": "int", "amount": "int"}), id="events", batch_size=1000)
+                .map(stop_at_2500).build(DatabaseSink(store.database.url, "public.events")))
+
+    scheduled.append(ScheduledPipeline(factory, Schedule.once(), "events"))
+    await asyncio.wait_for(scheduled[0].serve(store, "w1", settings), 15)  # type: ignore[arg-type]
+    assert (await fetch(store, "SELECT count(*) AS n FROM public.events"))[0]["n"] == 3000
+    [run] = await fetch(store, "SELECT status FROM agora.runs WHERE pipeline_id = 'events'")
+    assert run["status"] == "cancelled"
+    row = await store.get_schedule("events")
+    assert row is not None and row.state == "active" and row.lease_owner is None
+
+    async def finish() -> object:
+        return Pipeline(CsvSource(path, {"id": "int", "amount": "int"}), id="events", batch_size=1000).build(
+            DatabaseSink(store.database.url, "public.events"))
+
+    await asyncio.wait_for(ScheduledPipeline(finish, Schedule.once(), "events").serve(store, "w1", settings), 15)  # type: ignore[arg-type]
+    assert (await fetch(store, "SELECT count(*) AS n, count(DISTINCT id) AS d FROM public.events"))[0]["d"] == 10_000
+    statuses = [r["status"] for r in await fetch(store, "SELECT status FROM agora.runs WHERE pipeline_id = 'events' ORDER BY id")]
+    assert statuses == ["cancelled", "succeeded"]
