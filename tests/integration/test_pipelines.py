@@ -277,3 +277,22 @@ async def test_a_stopping_worker_ends_a_resumable_run_after_its_batch(store: Sto
     assert (await fetch(store, "SELECT count(*) AS n, count(DISTINCT id) AS d FROM public.events"))[0]["d"] == 10_000
     statuses = [r["status"] for r in await fetch(store, "SELECT status FROM agora.runs WHERE pipeline_id = 'events' ORDER BY id")]
     assert statuses == ["cancelled", "succeeded"]
+
+
+async def test_database_sink_takes_an_engine_and_lines_sinks_reject_what_json_cannot_hold(
+    store: Store, tmp_path: Path
+) -> None:
+    await fetch(store, EVENTS)
+    out = tmp_path / "out.jsonl"
+    records = [{"id": 1, "amount": 1, "note": "plain"}, {"id": 2, "amount": 2, "note": "tagged"}]
+    built = (Pipeline(IterableSource(records), id="mixed")
+             .map(lambda record: {**record, "tags": {"a"}} if record["note"] == "tagged" else record, name="tag")
+             .build(JsonlSink(out), DatabaseSink(store.engine, "public.events", columns=["id", "amount", "note"])))
+    with in_run(store):
+        report = await built.run()
+        await built.close()
+    assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == [1]
+    assert [row["id"] for row in await fetch(store, "SELECT id FROM public.events ORDER BY id")] == [1, 2]
+    [letter] = await PipelineState(store).dead_letters("mixed", False, 10)
+    assert (letter.stage, letter.error_type) == ("sink:jsonl", "TypeError")
+    assert report.dead_letters == 1
