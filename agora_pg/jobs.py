@@ -13,6 +13,13 @@ from typing import Any
 
 from agora_pg.errors import InvalidTransition
 
+MAX_JOB_ID = 2**63 - 1  # ids are bigint: a larger number names no job (and the driver refuses it)
+
+
+def possible_job_id(job_id: int) -> bool:
+    """True if some job could have this id."""
+    return 1 <= job_id <= MAX_JOB_ID
+
 
 class JobStatus(str, enum.Enum):
     """Where a job is in its life. ``failed`` is terminal only once

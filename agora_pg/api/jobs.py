@@ -13,7 +13,7 @@ from agora_pg.api import params
 from agora_pg.api.errors import PayloadTooLarge
 from agora_pg.api.schemas import JobCreate, JobOut, JobPage
 from agora_pg.db.store import Store
-from agora_pg.errors import InvalidJob, JobNotFound
+from agora_pg.errors import InvalidJob
 from agora_pg.job_spec import JobSpec
 from agora_pg.jobs import JobStatus
 from agora_pg.settings import Settings
@@ -63,23 +63,17 @@ class JobController(Controller):
     @get("/{job_id:int}")
     async def get_job(self, job_id: FromPath[int], store: NamedDependency[Store]) -> JobOut:
         """One job with all its runs."""
-        if not params.known_id(job_id):
-            raise JobNotFound(job_id)
         job = await store.get_job(job_id)
         return JobOut.of(job, await store.job_runs(job_id))
 
     @post("/{job_id:int}/retry", status_code=200)
     async def retry_job(self, job_id: FromPath[int], store: NamedDependency[Store]) -> JobOut:
         """Put a failed or cancelled job back to pending, due now (409 otherwise)."""
-        if not params.known_id(job_id):
-            raise JobNotFound(job_id)
         return JobOut.of(await store.retry_job(job_id))
 
     @post("/{job_id:int}/cancel", status_code=200)
     async def cancel_job(self, job_id: FromPath[int], store: NamedDependency[Store]) -> JobOut:
         """Cancel a job that has not started (409 for a running or finished one)."""
-        if not params.known_id(job_id):
-            raise JobNotFound(job_id)
         return JobOut.of(await store.cancel_job(job_id))
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import datetime
 
 from agora_pg.errors import InvalidArgument
+from agora_pg.jobs import possible_job_id
 
-MAX_ID = 2**63 - 1  # bigint
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 500
 
@@ -21,7 +21,8 @@ def cursor_id(cursor: str | None) -> int | None:
     """The id a cursor from ``next_cursor`` stands for (rows older than it come next)."""
     if cursor is None:
         return None
-    if not cursor.isascii() or not cursor.isdigit() or not 1 <= int(cursor) <= MAX_ID:
+    # (job and run ids are both bigint: the same bound)
+    if not cursor.isascii() or not cursor.isdigit() or not possible_job_id(int(cursor)):
         raise InvalidArgument("cursor", "not a cursor this API returned")
     return int(cursor)
 
@@ -41,11 +42,6 @@ def text_filter(field: str, value: str | None) -> str | None:
         raise InvalidArgument(field, "longer than 1000 characters")
     _encodable(field, value)
     return value
-
-
-def known_id(value: int) -> bool:
-    """Ids outside bigint cannot exist (and must not reach the driver)."""
-    return 1 <= value <= MAX_ID
 
 
 def aware(field: str, value: datetime | None) -> datetime | None:

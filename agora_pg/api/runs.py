@@ -13,7 +13,7 @@ from agora_pg.api import params
 from agora_pg.api.schemas import RunOut, RunPage
 from agora_pg.db.store import Store
 from agora_pg.errors import InvalidArgument
-from agora_pg.jobs import RunStatus
+from agora_pg.jobs import RunStatus, possible_job_id
 
 
 class RunController(Controller):
@@ -33,7 +33,7 @@ class RunController(Controller):
         cursor: FromQuery[str | None] = None,
     ) -> RunPage:
         """Runs newest first; ``since``/``until`` bound their start time; page on with ``cursor``."""
-        if job_id is not None and not params.known_id(job_id):
+        if job_id is not None and not possible_job_id(job_id):
             raise InvalidArgument("job_id", f"no job can have id {job_id}")
         filters = {
             "pipeline_id": params.text_filter("pipeline_id", pipeline_id),

@@ -42,7 +42,7 @@ from agora_pg.errors import (
     TransientDatabaseError,
 )
 from agora_pg.job_spec import JobSpec
-from agora_pg.jobs import Job, JobStatus
+from agora_pg.jobs import Job, JobStatus, possible_job_id
 
 log = logging.getLogger("agora_pg.store")
 
@@ -172,6 +172,7 @@ class Store:
     # -- reading and cancelling --------------------------------------------------
 
     async def get_job(self, job_id: int) -> Job:
+        _require_possible(job_id)
         rows = await self._fetch(queries.SELECT_JOB, job_id)
         if not rows:
             raise JobNotFound(job_id)
@@ -179,6 +180,7 @@ class Store:
 
     async def cancel_job(self, job_id: int) -> Job:
         """Cancel a job that has not started yet."""
+        _require_possible(job_id)
         rows = await self._fetch(queries.CANCEL_JOB, job_id)
         if rows:
             return row_to_job(rows[0])
@@ -194,10 +196,12 @@ class Store:
 
     async def job_runs(self, job_id: int) -> list[RunRow]:
         """Every recorded attempt of a job, oldest first."""
+        _require_possible(job_id)
         return [RunRow.from_row(row) for row in await self._fetch(queries.SELECT_JOB_RUNS, job_id)]
 
     async def retry_job(self, job_id: int) -> Job:
         """Put a failed or cancelled job back to pending, due now."""
+        _require_possible(job_id)
         try:
             rows = await self._fetch(queries.RETRY_JOB, job_id)
         except asyncpg.UniqueViolationError:
@@ -407,3 +411,6 @@ class Store:
         return listen
 
 
+def _require_possible(job_id: int) -> None:
+    if not possible_job_id(job_id):
+        raise JobNotFound(job_id)
