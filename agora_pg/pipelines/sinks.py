@@ -29,6 +29,13 @@ from agora_pg.db.pipeline_state import Checkpoint, DeadLetter, write_batch_state
 from agora_pg.pipelines.records import Record, Rejected, to_json
 
 
+# What a table (or the driver encoding for it) raises for rows it refuses: a batch that
+# raises one is written again row by row, and the refused rows become dead letters.
+REFUSED_ROW_ERRORS = (
+    asyncpg.DataError, asyncpg.IntegrityConstraintViolationError, ValueError, TypeError, OverflowError,
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class BatchState:
     """What a sink on the agora database commits together with its rows."""
@@ -146,16 +153,14 @@ class DatabaseSink(Sink):
             async with connection.transaction():
                 await self._write_rows(connection, columns, rows)
                 await self._write_state(connection, state, rejected)
-        except (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError, ValueError, TypeError,
-                OverflowError):
+        except REFUSED_ROW_ERRORS:
             rejected = []
             async with connection.transaction():
                 for record, row in zip(records, rows, strict=True):
                     try:
                         async with connection.transaction():  # a savepoint per row
                             await connection.execute(queries.insert_row(self.schema, self.table, columns), *row)
-                    except (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError, ValueError, TypeError,
-                            OverflowError) as error:
+                    except REFUSED_ROW_ERRORS as error:
                         rejected.append(Rejected(f"sink:{self.name}", record, error))
                 await self._write_state(connection, state, rejected)
         return rejected
