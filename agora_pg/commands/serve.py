@@ -90,7 +90,7 @@ async def run_dev(host: str, port: int, module: str, health_port: int | None, lo
     as child processes until SIGINT/SIGTERM; the server lives as long as this process."""
     settings = load_settings(os.environ)
     check_bind(host, settings.api_token, insecure=False)
-    if not (Path.cwd() / f"{module.replace('.', '/')}.py").exists() and "." not in module:
+    if "." not in module and not (Path.cwd() / f"{module}.py").exists():
         raise ConfigError("--module", f"no {module}.py in {Path.cwd()}: run agora-pg dev where worker.py is")
     async with resolve_database(settings) as database:
         store = Store.open(database, pool_size=1)
