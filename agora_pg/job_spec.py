@@ -125,6 +125,11 @@ def _identifier(field: str, value: object, *, allow_spaces: bool = False) -> Non
         raise InvalidJob(field, f"longer than {MAX_TEXT} characters")
     if "\x00" in value:
         raise InvalidJob(field, "must not contain NUL characters")
+    if not value.isascii():
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            raise InvalidJob(field, "not valid UTF-8 text (a lone surrogate)") from None
     if not allow_spaces and value != value.strip():
         raise InvalidJob(field, "must not start or end with whitespace")
 

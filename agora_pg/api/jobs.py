@@ -31,8 +31,6 @@ class JobController(Controller):
         size = len(_encoded_payload(data.payload))
         if size > settings.api_max_payload_bytes:
             raise PayloadTooLarge(size, settings.api_max_payload_bytes)
-        for field in ("kind", "name", "queue", "dedup_key"):
-            params.text_filter(field, getattr(data, field))
         spec = JobSpec(
             kind=data.kind, payload=data.payload, name=data.name, queue=data.queue, priority=data.priority,
             run_at=data.run_at, max_retries=data.max_retries, dedup_key=data.dedup_key,

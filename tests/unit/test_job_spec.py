@@ -70,3 +70,11 @@ def test_payloads_postgres_cannot_store_are_rejected(payload: dict) -> None:
 def test_aware_run_at_is_accepted() -> None:
     when = datetime(2030, 1, 1, tzinfo=UTC)
     assert JobSpec("k", run_at=when).as_row()[5] == when
+
+
+@pytest.mark.parametrize("field", ["kind", "queue", "name", "dedup_key"])
+def test_text_postgresql_cannot_hold_is_refused(field: str) -> None:
+    kwargs: dict[str, object] = {"kind": "k", field: "bad \ud800 text"}
+    with pytest.raises(InvalidJob) as caught:
+        JobSpec(**kwargs)  # type: ignore[arg-type]
+    assert caught.value.field == field and "UTF-8" in caught.value.problem
