@@ -14,6 +14,7 @@ _EXPORTS = {
     "ConfigError": "agora_pg.errors",
     "DatabaseUnavailable": "agora_pg.errors",
     "EmbeddedPostgresMissing": "agora_pg.errors",
+    "Fail": "agora_pg.errors",
     "InvalidJob": "agora_pg.errors",
     "InvalidTransition": "agora_pg.errors",
     "JobNotFound": "agora_pg.errors",
@@ -27,6 +28,8 @@ _EXPORTS = {
     "Settings": "agora_pg.settings",
     "load_settings": "agora_pg.settings",
     "Handler": "agora_pg.worker",
+    "Handlers": "agora_pg.worker",
+    "KindOptions": "agora_pg.worker",
     "UnknownJobKind": "agora_pg.worker",
     "Worker": "agora_pg.worker",
 }
@@ -47,6 +50,7 @@ if TYPE_CHECKING:
         ConfigError,
         DatabaseUnavailable,
         EmbeddedPostgresMissing,
+        Fail,
         InvalidJob,
         InvalidTransition,
         JobNotFound,
@@ -57,4 +61,4 @@ if TYPE_CHECKING:
     from agora_pg.jobs import Job, JobStatus, RunStatus
     from agora_pg.queue import Queue
     from agora_pg.settings import Settings, load_settings
-    from agora_pg.worker import Handler, UnknownJobKind, Worker
+    from agora_pg.worker import Handler, Handlers, KindOptions, UnknownJobKind, Worker

@@ -67,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--max-retries", type=int)
     submit.add_argument("--dedup-key")
     submit.add_argument("--name")
+    submit.add_argument("--timeout", type=float, help="seconds an attempt may run [the kind's, else WORKER_JOB_TIMEOUT]")
     listing = jobs.add_parser("list", help="jobs newest first")
     listing.add_argument("--status")
     listing.add_argument("--kind")
@@ -97,16 +98,18 @@ def build_parser() -> argparse.ArgumentParser:
     run_list.add_argument("--since", help="runs started at or after this ISO 8601 time")
     run_list.add_argument("--until", help="runs started before this ISO 8601 time")
     run_list.add_argument("--limit", type=int, default=20)
+    run_list.add_argument("--traceback", action="store_true", help="print each failed run's traceback below the table")
     return parser
 
 
 async def run_operator(args: argparse.Namespace) -> None:
     """``agora-pg jobs ...`` and ``agora-pg runs list``: print a table."""
     if args.command == "runs":
-        text = await operator.list_runs(args.pipeline_id, args.job_id, args.status, args.since, args.until, args.limit)
+        text = await operator.list_runs(args.pipeline_id, args.job_id, args.status, args.since, args.until, args.limit,
+                                        args.traceback)
     elif args.action == "submit":
         text = await operator.submit(args.kind, args.payload, args.queue, args.priority, args.run_at,
-                                     args.max_retries, args.dedup_key, args.name)
+                                     args.max_retries, args.dedup_key, args.name, args.timeout)
     elif args.action == "list":
         text = await operator.list_jobs(args.status, args.kind, args.queue, args.limit)
     else:

@@ -21,7 +21,9 @@ class DatabaseUnavailable(AgoraError):
 
 
 class TransientDatabaseError(DatabaseUnavailable):
-    """A conflict that a retry resolves (deadlock, serialization failure)."""
+    """An error the server reports that a retry resolves: a deadlock or serialization
+    failure, a cancelled statement, a lock timeout, too many connections, a server
+    shutting down or out of resources."""
 
 
 class SchemaNotReady(AgoraError):
@@ -110,6 +112,11 @@ class WorkerModuleError(AgoraError):
     """The worker module given on the command line cannot be used."""
 
 
+class Fail(Exception):
+    """Raise from a handler to fail the job at once: no retry follows, whatever
+    ``max_retries`` allows. (A kind may also name exception types to treat this way.)"""
+
+
 class Retry(Exception):
     """Raise from a handler to fail this attempt and retry after ``delay_seconds``.
 
@@ -118,7 +125,7 @@ class Retry(Exception):
     """
 
     def __init__(self, delay_seconds: float, message: str = "retry requested") -> None:
-        if delay_seconds < 0:
-            raise ValueError("delay_seconds must be >= 0")
+        if not delay_seconds >= 0:  # (also refuses NaN)
+            raise ValueError(f"delay_seconds must be a number >= 0, got {delay_seconds!r}")
         super().__init__(message)
         self.delay_seconds = float(delay_seconds)

@@ -17,7 +17,8 @@ MAX_TEXT = 1000  # kind, name, queue and dedup_key are identifiers, not document
 @dataclasses.dataclass(frozen=True)
 class JobSpec:
     """One job to enqueue. ``name`` defaults to ``kind``; ``run_at`` to now;
-    ``max_retries`` to the enqueuing process's ``WORKER_MAX_RETRIES``."""
+    ``max_retries`` to the enqueuing process's ``WORKER_MAX_RETRIES``; ``timeout_seconds``
+    to the kind's timeout, else the worker's ``WORKER_JOB_TIMEOUT``."""
 
     kind: str
     payload: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -27,6 +28,7 @@ class JobSpec:
     run_at: datetime | None = None
     max_retries: int | None = None
     dedup_key: str | None = None
+    timeout_seconds: float | None = None
 
     def __post_init__(self) -> None:
         _known_identifier("kind", self.kind)
@@ -40,6 +42,8 @@ class JobSpec:
         _whole_number("priority", self.priority, minimum=-INT32_MAX)
         if self.max_retries is not None:
             _whole_number("max_retries", self.max_retries, minimum=0)
+        if self.timeout_seconds is not None:
+            _timeout("timeout_seconds", self.timeout_seconds)
         if self.run_at is not None:
             if not isinstance(self.run_at, datetime):
                 raise InvalidJob("run_at", f"expected a datetime, got {type(self.run_at).__name__}")
@@ -66,6 +70,7 @@ class JobSpec:
             self.run_at,
             self.max_retries if self.max_retries is not None else default_max_retries,
             self.dedup_key,
+            self.timeout_seconds,
         )
 
 
@@ -86,6 +91,7 @@ def batch_document(specs: Sequence[JobSpec], default_max_retries: int | None = N
             "run_at": None if spec.run_at is None else spec.run_at.isoformat(),
             "max_retries": spec.max_retries if spec.max_retries is not None else default_max_retries,
             "dedup_key": spec.dedup_key,
+            "timeout_seconds": spec.timeout_seconds,
         }
         for spec in specs
     ]
@@ -132,6 +138,16 @@ def _identifier(field: str, value: object, *, allow_spaces: bool = False) -> Non
             raise InvalidJob(field, "not valid UTF-8 text (a lone surrogate)") from None
     if not allow_spaces and value != value.strip():
         raise InvalidJob(field, "must not start or end with whitespace")
+
+
+MAX_TIMEOUT_SECONDS = 365 * 24 * 3600.0
+
+
+def _timeout(field: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidJob(field, f"expected a number of seconds, got {type(value).__name__}")
+    if not 0 < value <= MAX_TIMEOUT_SECONDS:  # (also refuses NaN)
+        raise InvalidJob(field, f"must be more than 0 and at most {MAX_TIMEOUT_SECONDS:g} seconds, got {value!r}")
 
 
 def _whole_number(field: str, value: object, *, minimum: int) -> None:

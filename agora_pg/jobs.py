@@ -39,8 +39,8 @@ class RunStatus(str, enum.Enum):
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
-    ABANDONED = "abandoned"  # the worker was lost (lease expired)
-    CANCELLED = "cancelled"  # released at shutdown; does not count as an attempt
+    ABANDONED = "abandoned"  # the lease was lost (worker gone, or cut off from the database)
+    CANCELLED = "cancelled"  # cancelled on request, or cut short at shutdown
 
 
 # from -> the statuses it may move to
@@ -91,12 +91,15 @@ class Job:
     locked_by: str | None
     lease_expires_at: datetime | None
     attempt: int
+    lost_count: int = 0
+    timeout_seconds: float | None = None
+    cancel_requested_at: datetime | None = None
 
     @classmethod
     def from_fields(cls, fields: dict[str, Any]) -> Job:
         """A job from a dict holding exactly its fields (which it takes over).
 
-        Skips the frozen dataclass ``__init__``, which sets each of the 18 fields
+        Skips the frozen dataclass ``__init__``, which sets each of the 21 fields
         through ``object.__setattr__``: 3.2 us against 0.4 us a job, and a worker
         claiming 30,000 jobs a second, or a 5,000-job enqueue, builds one per job.
         """

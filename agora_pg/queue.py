@@ -64,6 +64,7 @@ class Queue:
         run_at: datetime | None = None,
         max_retries: int | None = None,
         dedup_key: str | None = None,
+        timeout_seconds: float | None = None,
         connection: CallerConnection | None = None,
     ) -> Job:
         """Store one job and return it.
@@ -72,7 +73,8 @@ class Queue:
         processing or waiting for a retry is returned instead of a new one.
         With ``connection`` (asyncpg, or SQLAlchemy ``AsyncConnection`` /
         ``AsyncSession``), the job commits or rolls back with the caller's
-        transaction.
+        transaction. ``timeout_seconds`` bounds each attempt (default: the kind's
+        timeout, else the worker's ``WORKER_JOB_TIMEOUT``).
         """
         spec = JobSpec(
             kind=kind,
@@ -83,6 +85,7 @@ class Queue:
             run_at=run_at,
             max_retries=max_retries,
             dedup_key=dedup_key,
+            timeout_seconds=timeout_seconds,
         )
         [(job, _created)] = await self.store.enqueue([spec], connection, self.settings.max_retries)
         return job
@@ -99,5 +102,7 @@ class Queue:
         return await self.store.get_job(job_id)
 
     async def cancel(self, job_id: int) -> Job:
-        """Cancel a job that has not started (``InvalidTransition`` otherwise)."""
+        """Cancel a job: one that has not started at once; a running one is stopped by its
+        worker (returned still processing, with ``cancel_requested_at`` set).
+        ``InvalidTransition`` for a finished job."""
         return await self.store.cancel_job(job_id)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import dataclasses
 import random
 
-from agora_pg.errors import Retry
 from agora_pg.jobs import will_retry
+
+
+MAX_RETRY_DELAY_SECONDS = 365 * 24 * 3600.0  # the longest delay a retry is given
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,25 +49,19 @@ class RetryDecision:
 def decide(
     failures: int,
     max_retries: int,
-    error: BaseException,
     policy: BackoffPolicy,
     rng: random.Random,
+    requested_delay: float | None = None,
 ) -> RetryDecision | None:
     """Decide what follows a failed attempt; ``None`` means the job is finished.
 
-    ``failures`` is the job's ``retry_count`` including this failure. A
-    ``Retry`` error chooses its own delay; any other error uses ``policy``.
+    ``failures`` is the job's ``retry_count`` including this failure.
+    ``requested_delay`` is the delay of a ``Retry`` the handler raised, used instead
+    of ``policy`` (at most ``MAX_RETRY_DELAY_SECONDS``: ``Retry(float('inf'))``
+    waits a year).
     """
     if not will_retry(failures, max_retries):
         return None
-    if isinstance(error, Retry):
-        return RetryDecision(error.delay_seconds)
+    if requested_delay is not None:
+        return RetryDecision(min(requested_delay, MAX_RETRY_DELAY_SECONDS))
     return RetryDecision(policy.delay(failures, rng))
-
-
-def describe_error(error: BaseException) -> tuple[str, str]:
-    """The ``(error_type, error_message)`` pair stored for a failed attempt."""
-    error_type = type(error).__name__
-    text = str(error)
-    message = f"{error_type}: {text}" if text else error_type
-    return error_type, message[:4000]

@@ -20,6 +20,21 @@ from agora_pg.errors import InvalidSchedule
 ERROR_BACKOFF_CAP_SECONDS = 600.0  # the seed: exponential, capped at 10 minutes
 
 
+@dataclasses.dataclass(frozen=True)
+class NextRun:
+    """When a schedule's next run starts: at ``at`` (a cron tick), else ``in_seconds``
+    after the previous run ended (by the database clock), else (both None) never."""
+
+    at: datetime | None = None
+    in_seconds: float | None = None
+
+    def at_time(self, finished_at: datetime) -> datetime | None:
+        """The next run as a time, given when the previous one finished."""
+        if self.at is not None:
+            return self.at
+        return None if self.in_seconds is None else finished_at + timedelta(seconds=self.in_seconds)
+
+
 class ScheduleKind(str, enum.Enum):
     EVERY = "every"
     CRON = "cron"
@@ -80,22 +95,27 @@ class Schedule:
             return f"cron {self.expression} {self.timezone}"
         return str(self.kind.value)
 
-    def first_run_at(self, now: datetime) -> datetime:
-        """When a newly registered (or changed) schedule first runs."""
+    def first_run_at(self, now: datetime) -> datetime | None:
+        """When a newly registered (or changed) schedule first runs: the next cron
+        tick after ``now``; None for the others, which run at once (now by the
+        database clock)."""
         if self.kind is ScheduleKind.CRON:
             return next_cron_tick(self._expression, self.timezone, now)
-        return now
+        return None
 
-    def next_run_after_success(self, finished_at: datetime) -> datetime | None:
-        """When the run after a successful one starts; ``None`` for ``once``."""
+    def next_run_after_success(self, finished_at: datetime, tick: datetime) -> NextRun:
+        """When the run after a successful one starts. ``finished_at`` is when the run
+        ended and ``tick`` the time it was scheduled for (a cron schedule's next tick
+        is after both, so a run that ends before its own tick by some clock never
+        gets the same tick again)."""
         if self.kind is ScheduleKind.EVERY:
             assert self.interval_seconds is not None
-            return finished_at + timedelta(seconds=self.interval_seconds)
+            return NextRun(in_seconds=self.interval_seconds)
         if self.kind is ScheduleKind.CRON:
-            return next_cron_tick(self._expression, self.timezone, finished_at)
+            return NextRun(at=next_cron_tick(self._expression, self.timezone, max(finished_at, tick)))
         if self.kind is ScheduleKind.CONTINUOUS:
-            return finished_at
-        return None
+            return NextRun(in_seconds=0.0)
+        return NextRun()
 
     @property
     def _expression(self) -> str:

@@ -35,6 +35,11 @@ class Settings:
     - ``WORKER_SHUTDOWN_TIMEOUT``: seconds in-flight jobs get after SIGTERM [30]
     - ``WORKER_RETRY_BACKOFF_SECONDS``: delay before the first retry [2]
     - ``WORKER_RETRY_BACKOFF_MAX_SECONDS``: cap of the exponential delay [3600]
+    - ``WORKER_JOB_TIMEOUT``: seconds an attempt may run unless its kind or the job
+      says otherwise; ``0`` for none [900]
+    - ``WORKER_MAX_LOST_ATTEMPTS``: lost attempts (worker gone, lease lost, cut short at
+      shutdown) after which a job fails, apart from ``max_retries`` [3]
+    - ``AGORA_PG_DATABASE_TIMEOUT``: deadline of every database call agora-pg makes [30]
     - ``AGORA_PG_API_TOKEN``: bearer token the API requires [none: no authentication]
     - ``AGORA_PG_API_MAX_PAYLOAD_BYTES``: largest job payload the API accepts [1048576]
     """
@@ -50,6 +55,9 @@ class Settings:
     shutdown_timeout: float = 30.0
     retry_backoff_seconds: float = 2.0
     retry_backoff_max_seconds: float = 3600.0
+    job_timeout: float | None = 900.0
+    max_lost_attempts: int = 3
+    database_timeout: float = 30.0
     api_token: str | None = dataclasses.field(default=None, repr=False)
     api_max_payload_bytes: int = 1024 * 1024
 
@@ -61,6 +69,9 @@ class Settings:
         _require(self.shutdown_timeout >= 0, "WORKER_SHUTDOWN_TIMEOUT", "must be >= 0")
         _require(self.retry_backoff_seconds >= 0, "WORKER_RETRY_BACKOFF_SECONDS", "must be >= 0")
         _require(self.retry_backoff_max_seconds >= 0, "WORKER_RETRY_BACKOFF_MAX_SECONDS", "must be >= 0")
+        _require(self.job_timeout is None or self.job_timeout > 0, "WORKER_JOB_TIMEOUT", "must be > 0 (0 for none)")
+        _require(self.max_lost_attempts >= 1, "WORKER_MAX_LOST_ATTEMPTS", "must be >= 1")
+        _require(self.database_timeout > 0, "AGORA_PG_DATABASE_TIMEOUT", "must be > 0")
         _require(self.api_max_payload_bytes >= 1, "AGORA_PG_API_MAX_PAYLOAD_BYTES", "must be >= 1")
         _require(self.api_token is None or len(self.api_token) >= 16, "AGORA_PG_API_TOKEN",
                  "must be at least 16 characters")
@@ -91,6 +102,9 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         retry_backoff_max_seconds=_float(
             env, "WORKER_RETRY_BACKOFF_MAX_SECONDS", defaults.retry_backoff_max_seconds
         ),
+        job_timeout=_float(env, "WORKER_JOB_TIMEOUT", defaults.job_timeout or 0.0) or None,
+        max_lost_attempts=_int(env, "WORKER_MAX_LOST_ATTEMPTS", defaults.max_lost_attempts),
+        database_timeout=_float(env, "AGORA_PG_DATABASE_TIMEOUT", defaults.database_timeout),
         api_token=env.get("AGORA_PG_API_TOKEN") or None,
         api_max_payload_bytes=_int(env, "AGORA_PG_API_MAX_PAYLOAD_BYTES", defaults.api_max_payload_bytes),
     )

@@ -34,6 +34,7 @@ class JobController(Controller):
         spec = JobSpec(
             kind=data.kind, payload=data.payload, name=data.name, queue=data.queue, priority=data.priority,
             run_at=data.run_at, max_retries=data.max_retries, dedup_key=data.dedup_key,
+            timeout_seconds=data.timeout_seconds,
         )
         [(job, created)] = await store.enqueue([spec], None, settings.max_retries)
         return Response(JobOut.of(job), status_code=201 if created else 200)
@@ -71,7 +72,9 @@ class JobController(Controller):
 
     @post("/{job_id:int}/cancel", status_code=200)
     async def cancel_job(self, job_id: FromPath[int], store: NamedDependency[Store]) -> JobOut:
-        """Cancel a job that has not started (409 for a running or finished one)."""
+        """Cancel a job: one that has not started becomes ``cancelled`` at once; a running one
+        is stopped by its worker within about a second (it is returned still ``processing``,
+        with ``cancel_requested_at`` set, and ends ``cancelled``). 409 for a finished job."""
         return JobOut.of(await store.cancel_job(job_id))
 
 

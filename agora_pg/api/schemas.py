@@ -9,6 +9,7 @@ import msgspec
 
 from agora_pg.db.run_rows import RunRow
 from agora_pg.db.schedule_rows import ScheduleRow
+from agora_pg.job_spec import MAX_TIMEOUT_SECONDS
 from agora_pg.jobs import Job, JobStatus, RunStatus
 
 Text = Annotated[str, msgspec.Meta(min_length=1, max_length=1000)]
@@ -17,7 +18,8 @@ AwareDatetime = Annotated[datetime, msgspec.Meta(tz=True)]
 
 class JobCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """A job to enqueue. ``name`` defaults to ``kind``; ``run_at`` to now; ``max_retries``
-    to the API process's ``WORKER_MAX_RETRIES``."""
+    to the API process's ``WORKER_MAX_RETRIES``; ``timeout_seconds`` (how long an attempt
+    may run) to the kind's timeout, else the worker's ``WORKER_JOB_TIMEOUT``."""
 
     kind: Text
     name: Text | None = None
@@ -27,6 +29,7 @@ class JobCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     run_at: AwareDatetime | None = None
     max_retries: Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)] | None = None
     dedup_key: Text | None = None
+    timeout_seconds: Annotated[float, msgspec.Meta(gt=0, le=MAX_TIMEOUT_SECONDS)] | None = None
 
 
 class RunOut(msgspec.Struct, kw_only=True):
@@ -43,6 +46,7 @@ class RunOut(msgspec.Struct, kw_only=True):
     scheduled_for: datetime | None
     error_type: str | None
     error_message: str | None
+    traceback: str | None = None
 
     @classmethod
     def of(cls, run: RunRow) -> RunOut:
@@ -50,12 +54,14 @@ class RunOut(msgspec.Struct, kw_only=True):
             id=run.id, job_id=run.job_id, pipeline_id=run.pipeline_id, attempt=run.attempt,
             worker_id=run.worker_id, status=RunStatus(run.status), started_at=run.started_at,
             finished_at=run.finished_at, scheduled_for=run.scheduled_for, error_type=run.error_type,
-            error_message=run.error_message,
+            error_message=run.error_message, traceback=run.traceback,
         )
 
 
 class JobOut(msgspec.Struct, kw_only=True):
-    """A job as stored; ``runs`` is filled only by ``GET /jobs/{id}``."""
+    """A job as stored; ``runs`` is filled only by ``GET /jobs/{id}``. ``retry_count``
+    counts failed attempts, ``lost_count`` attempts lost with their worker or cut short
+    at shutdown; ``cancel_requested_at`` is set while a running job is being cancelled."""
 
     id: int
     name: str
@@ -75,6 +81,9 @@ class JobOut(msgspec.Struct, kw_only=True):
     locked_by: str | None
     lease_expires_at: datetime | None
     attempt: int
+    lost_count: int
+    timeout_seconds: float | None
+    cancel_requested_at: datetime | None
     runs: list[RunOut] | None = None
 
     @classmethod
@@ -85,6 +94,8 @@ class JobOut(msgspec.Struct, kw_only=True):
             max_retries=job.max_retries, error_message=job.error_message, dedup_key=job.dedup_key,
             created_at=job.created_at, started_at=job.started_at, finished_at=job.finished_at,
             locked_by=job.locked_by, lease_expires_at=job.lease_expires_at, attempt=job.attempt,
+            lost_count=job.lost_count, timeout_seconds=job.timeout_seconds,
+            cancel_requested_at=job.cancel_requested_at,
             runs=None if runs is None else [RunOut.of(run) for run in runs],
         )
 

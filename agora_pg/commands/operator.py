@@ -77,9 +77,10 @@ def parse_choice(option: str, text: str | None, choices: type[JobStatus] | type[
 
 
 async def submit(kind: str, payload: str, queue: str, priority: int, run_at: str | None, max_retries: int | None,
-                 dedup_key: str | None, name: str | None) -> str:
+                 dedup_key: str | None, name: str | None, timeout: float | None = None) -> str:
     spec = JobSpec(kind=kind, payload=parse_payload(payload), name=name, queue=queue, priority=priority,
-                   run_at=parse_time("--run-at", run_at), max_retries=max_retries, dedup_key=dedup_key)
+                   run_at=parse_time("--run-at", run_at), max_retries=max_retries, dedup_key=dedup_key,
+                   timeout_seconds=timeout)
     async with operator_store() as (store, settings):
         [(job, created)] = await store.enqueue([spec], None, settings.max_retries)
     note = "" if created else f"\n(a live job with dedup key {dedup_key!r} already existed)"
@@ -100,13 +101,23 @@ async def show_job(job_id: int) -> str:
     details = [
         ("id", job.id), ("name", job.name), ("kind", job.kind), ("queue", job.queue), ("status", job.status.value),
         ("priority", job.priority), ("run_at", job.run_at), ("retry_count", job.retry_count),
-        ("max_retries", job.max_retries), ("dedup_key", job.dedup_key), ("created_at", job.created_at),
+        ("max_retries", job.max_retries), ("lost_count", job.lost_count), ("timeout_seconds", job.timeout_seconds),
+        ("dedup_key", job.dedup_key), ("created_at", job.created_at),
         ("started_at", job.started_at), ("finished_at", job.finished_at), ("locked_by", job.locked_by),
+        ("cancel_requested_at", job.cancel_requested_at),
         ("error_message", job.error_message), ("payload", json.dumps(job.payload)),
     ]
     width = max(len(key) for key, _ in details)
     lines = [f"{key.ljust(width)}  {value if value is not None else '-'}" for key, value in details]
-    return "\n".join(lines) + "\n\nruns:\n" + render_table(RUN_HEADERS, [run_row(run) for run in runs])
+    table = render_table(RUN_HEADERS, [run_row(run) for run in runs])
+    return "\n".join(lines) + "\n\nruns:\n" + table + tracebacks(runs)
+
+
+def tracebacks(runs: list[RunRow]) -> str:
+    """The stored tracebacks of ``runs``, each under a heading, after a blank line."""
+    parts = [f"\ntraceback of run {run.id} (attempt {run.attempt}):\n{run.traceback.rstrip()}"
+             for run in runs if run.traceback]
+    return "\n" + "\n".join(parts) if parts else ""
 
 
 async def retry_job(job_id: int) -> str:
@@ -122,7 +133,7 @@ async def cancel_job(job_id: int) -> str:
 
 
 async def list_runs(pipeline_id: str | None, job_id: int | None, status: str | None, since: str | None,
-                    until: str | None, limit: int) -> str:
+                    until: str | None, limit: int, with_tracebacks: bool = False) -> str:
     if job_id is not None and not possible_job_id(job_id):
         raise JobNotFound(job_id)  # (a filter, but the driver would refuse the number)
     filters = {
@@ -131,7 +142,8 @@ async def list_runs(pipeline_id: str | None, job_id: int | None, status: str | N
     }
     async with operator_store() as (store, _settings):
         runs = await store.list_runs(filters, _limit(limit))
-    return render_table(RUN_HEADERS, [run_row(run) for run in runs])
+    table = render_table(RUN_HEADERS, [run_row(run) for run in runs])
+    return table + (tracebacks(runs) if with_tracebacks else "")
 
 
 def _limit(limit: int) -> int:

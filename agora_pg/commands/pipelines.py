@@ -13,7 +13,7 @@ from agora_pg.db.pipeline_state import PipelineState
 from agora_pg.errors import AgoraError, ConfigError
 from agora_pg.pipelines.assembly import build_pipeline
 from agora_pg.pipelines.pipeline import PipelineRun, current_run
-from agora_pg.worker.worker import check_schema, new_worker_id
+from agora_pg.runtime.process import check_schema, new_worker_id
 
 log = logging.getLogger("agora_pg")
 

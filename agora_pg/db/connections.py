@@ -1,5 +1,5 @@
-"""The Store's own connections: errors that mean "the connection is gone", a small
-set of idle asyncpg connections, and the dedicated LISTEN connection."""
+"""The Store's own connections: which errors mean "the connection is gone" or "try
+again", asyncpg's pool with every call under a deadline, and the LISTEN connection."""
 
 from __future__ import annotations
 
@@ -9,84 +9,105 @@ from collections.abc import AsyncIterator
 
 import asyncpg
 
+# (TimeoutError is an OSError: a call past its deadline leaves its connection in an
+# unknown state, like a broken one.)
 CONNECTION_ERRORS = (
     OSError,
     asyncpg.PostgresConnectionError,
     asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
     asyncpg.CannotConnectNowError,
     asyncpg.AdminShutdownError,
     ConnectionError,
 )
 
+# Errors the server reports that a retry resolves, by SQLSTATE class: 08 connection
+# exception, 40 transaction rollback (deadlock, serialization), 53 insufficient resources
+# (too many connections, out of memory or disk), 57 operator intervention (statement
+# cancelled, server shutting down, idle session timeout), 58 system error; and 55P03
+# lock_not_available (a lock_timeout, e.g. while a migration holds a table).
+TRANSIENT_SQLSTATE_CLASSES = frozenset({"08", "40", "53", "57", "58"})
+TRANSIENT_SQLSTATES = frozenset({"55P03"})
+
+
+def is_transient(error: BaseException) -> bool:
+    """True for a server error that a retry (on a fresh connection) resolves."""
+    if not isinstance(error, asyncpg.PostgresError):
+        return False
+    sqlstate = str(getattr(error, "sqlstate", "") or "")
+    return sqlstate[:2] in TRANSIENT_SQLSTATE_CLASSES or sqlstate in TRANSIENT_SQLSTATES
 
 
 class CannotConnect(ConnectionError):
     """The server refused a new connection (counted as a connection error)."""
 
 
-class IdleConnections:
-    """The Store's own asyncpg connections: a LIFO list of idle ones, at most
-    ``limit`` in use at once.
+async def _no_reset(_connection: asyncpg.Connection) -> None:
+    """Connections go back to the pool without a reset query: agora-pg's statements leave
+    no session state, and the default reset costs a round trip per call."""
 
-    Taking and returning a connection are list operations: no ping and no reset
-    query, which in SQLAlchemy's pool (and asyncpg's) cost a round trip or a
-    greenlet hop per call, half the time of a single enqueue. A connection that
-    broke, or was left inside a transaction, is closed instead of reused; a broken
-    one also empties the idle list, since a server restart kills them all.
+
+class ConnectionPool:
+    """asyncpg's pool of at most ``max_size`` connections, every call under a deadline.
+
+    A connection that broke, ran past its deadline, or was cancelled mid-call is closed
+    rather than reused (its protocol state is unknown); a broken one also retires the
+    idle ones, since a server restart kills them all. A query that failed on the
+    server leaves its connection usable and it goes back to the pool.
     """
 
-    def __init__(self, url: str, limit: int) -> None:
+    def __init__(self, url: str, max_size: int, timeout: float) -> None:
         self._url = url
-        self._idle: list[asyncpg.Connection] = []
-        self._slots = asyncio.Semaphore(limit)
+        self._max_size = max_size
+        self.timeout = timeout
+        self._pool: asyncpg.Pool | None = None
+        self._starting = asyncio.Lock()
         self._closed = False
+
+    async def _started(self) -> asyncpg.Pool:
+        if self._pool is None:
+            async with self._starting:
+                if self._pool is None:
+                    if self._closed:
+                        raise asyncpg.InterfaceError("the pool is closed")
+                    self._pool = await asyncpg.create_pool(
+                        self._url, min_size=0, max_size=self._max_size, reset=_no_reset,
+                        command_timeout=self.timeout, timeout=self.timeout,
+                    )
+        return self._pool
 
     @contextlib.asynccontextmanager
     async def acquire(self) -> AsyncIterator[asyncpg.Connection]:
-        async with self._slots:
-            connection = await self._take()
-            try:
-                yield connection
-            except CONNECTION_ERRORS:
-                connection.terminate()
-                self._drop_idle()
-                raise
-            except Exception:
-                self._give_back(connection)  # a query failed; the connection is fine
-                raise
-            except BaseException:
-                connection.terminate()  # cancelled mid-query: its protocol state is unknown
-                raise
-            else:
-                self._give_back(connection)
-
-    async def _take(self) -> asyncpg.Connection:
-        while self._idle:
-            connection = self._idle.pop()
-            if not connection.is_closed():
-                return connection
+        pool = await self._started()
         try:
-            return await asyncpg.connect(self._url)
-        except asyncpg.PostgresError as error:  # refused by the server: no such database, auth...
-            raise CannotConnect(str(error)) from error
-
-    def _give_back(self, connection: asyncpg.Connection) -> None:
-        if self._closed or connection.is_closed() or connection.is_in_transaction():
+            connection = await pool.acquire(timeout=self.timeout)
+        except asyncpg.PostgresError as error:
+            if is_transient(error):
+                raise
+            raise CannotConnect(str(error)) from error  # refused: no such database, authentication...
+        try:
+            yield connection
+        except CONNECTION_ERRORS:
             connection.terminate()
-        else:
-            self._idle.append(connection)
-
-    def _drop_idle(self) -> None:
-        idle, self._idle = self._idle, []
-        for connection in idle:
-            connection.terminate()
+            await pool.expire_connections()
+            raise
+        except Exception as error:
+            if is_transient(error):  # (a server shutting down also kills the others)
+                connection.terminate()
+            raise
+        except BaseException:
+            connection.terminate()  # cancelled mid-call
+            raise
+        finally:
+            await pool.release(connection, timeout=self.timeout)
 
     async def close(self) -> None:
         self._closed = True
-        idle, self._idle = self._idle, []
-        for connection in idle:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(connection.close(), timeout=5)
+        if self._pool is not None:
+            try:
+                await asyncio.wait_for(self._pool.close(), timeout=min(self.timeout, 5))
+            except (Exception, asyncio.TimeoutError):
+                self._pool.terminate()
 
 
 class ListenConnection:
@@ -103,6 +124,8 @@ class ListenConnection:
 
     async def close(self) -> None:
         if not self._connection.is_closed():
-            with contextlib.suppress(Exception):
+            try:
                 await asyncio.wait_for(self._connection.close(), timeout=5)
+            except (Exception, asyncio.TimeoutError):
+                self._connection.terminate()
         self._on_termination(self._connection)

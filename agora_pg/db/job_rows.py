@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from datetime import datetime
@@ -42,6 +43,9 @@ def new_job(
             "locked_by": None,
             "lease_expires_at": None,
             "attempt": 0,
+            "lost_count": 0,
+            "timeout_seconds": None if spec.timeout_seconds is None else float(spec.timeout_seconds),
+            "cancel_requested_at": None,
         }
     )
 
@@ -52,3 +56,27 @@ def row_to_job(row: Mapping[str, Any]) -> Job:
     fields["status"] = _STATUSES[fields["status"]]
     fields["payload"] = json.loads(fields["payload"])
     return Job.from_fields(fields)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobFinish:
+    """One outcome other than success, as ``queries.FINISH_JOBS`` takes it: ``kind`` is an
+    ``outcomes.OutcomeKind`` value; ``delay_seconds`` the wait before a failed job's retry."""
+
+    job_id: int
+    attempt: int
+    kind: str
+    error_type: str | None
+    error_message: str | None
+    traceback: str | None
+    delay_seconds: float
+    final: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaseRenewal:
+    """What a renewal found: leases no longer held, and jobs whose cancel was asked for."""
+
+    lost_jobs: frozenset[int]
+    cancel_jobs: frozenset[int]
+    lost_runs: frozenset[str]

@@ -12,6 +12,7 @@ import asyncpg
 
 from agora_pg.db import queries
 from agora_pg.db.store import Store
+from agora_pg.outcomes import outcome_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,11 +113,11 @@ class PipelineState:
         return run_id
 
     async def finish_run(self, run_id: int, error: BaseException | None) -> None:
-        status = "succeeded" if error is None else "failed"
-        error_type = None if error is None else type(error).__name__
-        message = None if error is None else str(error) or error_type
+        """Record the end of a run outside any schedule; ``error`` None for success."""
+        outcome = outcome_of(error)
         async with self.store.connection() as connection:
-            await connection.execute(queries.FINISH_ADHOC_RUN, run_id, status, error_type, message)
+            await connection.execute(queries.FINISH_ADHOC_RUN, run_id, outcome.run_status, outcome.error_type,
+                                     outcome.error_message, outcome.traceback)
 
 
 def _dead_letter(row: asyncpg.Record) -> DeadLetter:

@@ -10,11 +10,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from agora_pg.db.tables import ALIVE, CLAIMABLE
+from agora_pg.schedules import ERROR_BACKOFF_CAP_SECONDS
 
 JOB_COLUMNS = (
     "id, name, kind, queue, status, payload::text AS payload, priority, run_at, retry_count, "
     "max_retries, error_message, dedup_key, created_at, started_at, finished_at, locked_by, "
-    "lease_expires_at, attempt"
+    "lease_expires_at, attempt, lost_count, timeout_seconds, cancel_requested_at"
 )
 # What an insert returns: only what the database chose. Everything else is what the
 # caller just sent (for 5,000-row batches, sending all 18 columns back and decoding
@@ -25,17 +26,17 @@ INSERTED_COLUMNS = "id, run_at, created_at, dedup_key"
 
 # Insert one job.
 INSERT_JOB = f"""
-INSERT INTO agora.jobs (name, kind, queue, payload, priority, run_at, max_retries, dedup_key)
-VALUES ($1, $2, $3, $4::text::jsonb, $5, COALESCE($6::timestamptz, now()), $7, $8)
+INSERT INTO agora.jobs (name, kind, queue, payload, priority, run_at, max_retries, dedup_key, timeout_seconds)
+VALUES ($1, $2, $3, $4::text::jsonb, $5, COALESCE($6::timestamptz, now()), $7, $8, $9)
 RETURNING {INSERTED_COLUMNS}
 """
 
 _INSERT_JOBS_FROM_DOCUMENT = """
-INSERT INTO agora.jobs (name, kind, queue, payload, priority, run_at, max_retries, dedup_key)
-SELECT name, kind, queue, payload, priority, COALESCE(run_at, now()), max_retries, dedup_key
+INSERT INTO agora.jobs (name, kind, queue, payload, priority, run_at, max_retries, dedup_key, timeout_seconds)
+SELECT name, kind, queue, payload, priority, COALESCE(run_at, now()), max_retries, dedup_key, timeout_seconds
 FROM jsonb_to_recordset($1::text::jsonb)
      AS t(name text, kind text, queue text, payload jsonb, priority int, run_at timestamptz,
-          max_retries int, dedup_key text)
+          max_retries int, dedup_key text, timeout_seconds float8)
 """
 
 # Insert many jobs in one statement, from a JSON array of row objects (see
@@ -66,11 +67,22 @@ WHERE dedup_key = ANY($1::text[]) AND {ALIVE}
 # One job by id.
 SELECT_JOB = f"SELECT {JOB_COLUMNS} FROM agora.jobs WHERE id = $1"
 
-# Cancel a job that has not started (pending, or failed and waiting for a retry).
+# Cancel job $1: one that has not started (pending, or failed and waiting for a retry)
+# becomes cancelled; a running one is marked for its worker, which is woken on
+# agora_cancel (payload: the job id) and stops the attempt (its renewal sees the mark too).
 CANCEL_JOB = f"""
-UPDATE agora.jobs SET status = 'cancelled', finished_at = now()
-WHERE id = $1 AND ({CLAIMABLE})
-RETURNING {JOB_COLUMNS}
+WITH waiting AS (
+    UPDATE agora.jobs SET status = 'cancelled', finished_at = now()
+    WHERE id = $1 AND ({CLAIMABLE})
+    RETURNING {JOB_COLUMNS}
+), running AS (
+    UPDATE agora.jobs SET cancel_requested_at = COALESCE(cancel_requested_at, now())
+    WHERE id = $1 AND status = 'processing'
+    RETURNING {JOB_COLUMNS}, pg_notify('{{cancel_channel}}', id::text) AS woken
+)
+SELECT {JOB_COLUMNS} FROM waiting
+UNION ALL
+SELECT {JOB_COLUMNS} FROM running
 """
 
 # -- claiming and finishing --------------------------------------------------
@@ -78,7 +90,8 @@ RETURNING {JOB_COLUMNS}
 _CLAIM_UPDATE = f"""
 UPDATE agora.jobs AS j
 SET status = 'processing', started_at = now(), finished_at = NULL, locked_by = $3,
-    lease_expires_at = now() + make_interval(secs => $4), attempt = j.attempt + 1
+    lease_expires_at = now() + make_interval(secs => $4), attempt = j.attempt + 1,
+    cancel_requested_at = NULL
 FROM next WHERE j.id = next.id
 RETURNING {", ".join("j." + c.strip() for c in JOB_COLUMNS.split(","))}
 """
@@ -124,7 +137,8 @@ WITH next AS (
 COMPLETE_SUCCEEDED = """
 WITH finished AS (
     UPDATE agora.jobs AS j
-    SET status = 'done', finished_at = now(), locked_by = NULL, lease_expires_at = NULL
+    SET status = 'done', finished_at = now(), locked_by = NULL, lease_expires_at = NULL,
+        cancel_requested_at = NULL
     FROM unnest($1::bigint[], $2::int[]) AS t(id, attempt)
     WHERE j.id = t.id AND j.attempt = t.attempt AND j.locked_by = $3
     RETURNING j.id, j.attempt, j.started_at
@@ -134,64 +148,102 @@ SELECT id, attempt, $3, started_at, now(), 'succeeded' FROM finished
 RETURNING job_id
 """
 
-# Mark attempts failed (retrying after a delay while retry_count < max_retries) and record their runs.
-COMPLETE_FAILED = """
-WITH finished AS (
+# Record every other outcome of attempts (id, attempt) held by worker $1 (outcomes.OutcomeKind):
+#   failed:    retry_count + 1, due again after delay (a final failure caps max_retries at the
+#              failures so far, so nothing claims it again);
+#   cancelled: cancelled on request, never retried;
+#   lost, released: lost_count + 1 and due again at once, until lost_count reaches $2
+#              (WORKER_MAX_LOST_ATTEMPTS): then failed for good.
+# $3 is the default max_retries. Jobs due again at once wake the workers of their queue.
+FINISH_JOBS = """
+WITH outcome AS (
+    SELECT * FROM unnest($4::bigint[], $5::int[], $6::text[], $7::text[], $8::text[], $9::text[],
+                         $10::float8[], $11::bool[])
+        AS t(id, attempt, kind, error_type, error_message, traceback, delay, final)
+), finished AS (
     UPDATE agora.jobs AS j
-    SET status = 'failed', retry_count = j.retry_count + 1,
-        max_retries = COALESCE(j.max_retries, $6), error_message = t.error_message,
-        run_at = now() + make_interval(secs => t.delay), finished_at = now(),
-        locked_by = NULL, lease_expires_at = NULL
-    FROM unnest($1::bigint[], $2::int[], $3::text[], $4::text[], $5::float8[])
-         AS t(id, attempt, error_type, error_message, delay)
-    WHERE j.id = t.id AND j.attempt = t.attempt AND j.locked_by = $7
-    RETURNING j.id, j.attempt, j.started_at, t.error_type, t.error_message
+    SET status = CASE
+            WHEN o.kind = 'failed' THEN 'failed'
+            WHEN o.kind = 'cancelled' THEN 'cancelled'
+            WHEN j.lost_count + 1 >= $2 THEN 'failed'
+            ELSE 'pending' END,
+        retry_count = j.retry_count + (o.kind = 'failed')::int,
+        lost_count = j.lost_count + (o.kind IN ('lost', 'released'))::int,
+        max_retries = CASE
+            WHEN o.final OR (o.kind IN ('lost', 'released') AND j.lost_count + 1 >= $2)
+                THEN LEAST(COALESCE(j.max_retries, $3), j.retry_count + (o.kind = 'failed')::int)
+            ELSE COALESCE(j.max_retries, $3) END,
+        error_message = CASE
+            WHEN o.kind IN ('lost', 'released') AND j.lost_count + 1 >= $2
+                THEN o.error_message || ' (' || (j.lost_count + 1) || ' lost attempts: not retried)'
+            ELSE o.error_message END,
+        run_at = now() + make_interval(secs => o.delay), finished_at = now(),
+        locked_by = NULL, lease_expires_at = NULL, cancel_requested_at = NULL
+    FROM outcome AS o
+    WHERE j.id = o.id AND j.attempt = o.attempt AND j.locked_by = $1
+    RETURNING j.id, j.attempt, j.started_at, j.queue, j.status, o.kind, o.error_type, o.error_message, o.traceback
+), recorded AS (
+    INSERT INTO agora.runs (job_id, attempt, worker_id, started_at, finished_at, status, error_type,
+                            error_message, traceback)
+    SELECT id, attempt, $1, started_at, now(),
+           CASE kind WHEN 'failed' THEN 'failed' WHEN 'lost' THEN 'abandoned' ELSE 'cancelled' END,
+           error_type, error_message, traceback
+    FROM finished
 )
-INSERT INTO agora.runs (job_id, attempt, worker_id, started_at, finished_at, status, error_type, error_message)
-SELECT id, attempt, $7, started_at, now(), 'failed', error_type, error_message FROM finished
-RETURNING job_id
+SELECT id, CASE WHEN status = 'pending' THEN pg_notify('agora_jobs', queue) END AS woken FROM finished
 """
 
-# Give unfinished attempts back at shutdown: pending again, no attempt counted, other workers woken.
-RELEASE_JOBS = """
+# Give back attempts (id, attempt) that worker $1 claimed but never started (a claim whose
+# reply was lost, or jobs left at shutdown): pending again, nothing counted or recorded.
+# Jobs still running in a thread ($2) are left alone.
+RELEASE_UNSTARTED_JOBS = """
 WITH released AS (
     UPDATE agora.jobs AS j
     SET status = 'pending', locked_by = NULL, lease_expires_at = NULL
-    FROM unnest($1::bigint[], $2::int[]) AS t(id, attempt)
-    WHERE j.id = t.id AND j.attempt = t.attempt AND j.locked_by = $3
-    RETURNING j.id, j.attempt, j.started_at, j.queue
-), recorded AS (
-    INSERT INTO agora.runs (job_id, attempt, worker_id, started_at, finished_at, status, error_type, error_message)
-    SELECT id, attempt, $3, started_at, now(), 'cancelled', 'WorkerShutdown',
-           'WorkerShutdown: released unfinished at worker shutdown; not counted as an attempt'
-    FROM released
+    WHERE j.locked_by = $1 AND j.status = 'processing' AND NOT (j.id = ANY($2::bigint[]))
+    RETURNING j.id, j.queue
 )
 SELECT id, pg_notify('agora_jobs', queue) FROM released
 """
 
-# Take back processing jobs whose lease expired: a failed attempt (retried at once while allowed).
+# Worker $1 takes up the jobs it holds without knowing it ($2: the ids it knows): a claim
+# that committed but whose reply was lost. Their lease is renewed for $3 seconds.
+ADOPT_UNKNOWN_JOBS = f"""
+UPDATE agora.jobs AS j SET lease_expires_at = now() + make_interval(secs => $3)
+WHERE j.locked_by = $1 AND j.status = 'processing' AND NOT (j.id = ANY($2::bigint[]))
+RETURNING {JOB_COLUMNS}
+"""
+
+# Take back processing jobs whose lease expired: a lost attempt (lost_count + 1), due again at
+# once until lost_count reaches $1 (WORKER_MAX_LOST_ATTEMPTS), then failed for good; $2 is the
+# default max_retries.
 RESCUE_EXPIRED = """
 WITH lost AS (
     SELECT id, locked_by, lease_expires_at FROM agora.jobs
     WHERE status = 'processing' AND lease_expires_at < now()
     ORDER BY lease_expires_at
-    LIMIT $2
+    LIMIT $3
     FOR UPDATE SKIP LOCKED
 ), rescued AS (
     UPDATE agora.jobs AS j
-    SET status = 'failed', retry_count = j.retry_count + 1,
-        max_retries = COALESCE(j.max_retries, $1),
+    SET status = CASE WHEN j.lost_count + 1 >= $1 THEN 'failed' ELSE 'pending' END,
+        lost_count = j.lost_count + 1,
+        max_retries = CASE WHEN j.lost_count + 1 >= $1 THEN LEAST(COALESCE(j.max_retries, $2), j.retry_count)
+                           ELSE COALESCE(j.max_retries, $2) END,
         error_message = 'WorkerLost: worker ' || COALESCE(lost.locked_by, '?')
             || ' stopped renewing its lease, which expired at '
-            || to_char(lost.lease_expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
-        run_at = now(), finished_at = now(), locked_by = NULL, lease_expires_at = NULL
+            || to_char(lost.lease_expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+            || CASE WHEN j.lost_count + 1 >= $1 THEN ' (' || (j.lost_count + 1) || ' lost attempts: not retried)'
+                    ELSE '' END,
+        run_at = now(), finished_at = now(), locked_by = NULL, lease_expires_at = NULL,
+        cancel_requested_at = NULL
     FROM lost WHERE j.id = lost.id
-    RETURNING j.id, j.attempt, j.started_at, j.queue, j.error_message, lost.locked_by
+    RETURNING j.id, j.attempt, j.started_at, j.queue, j.status, j.error_message, lost.locked_by
 ), recorded AS (
     INSERT INTO agora.runs (job_id, attempt, worker_id, started_at, finished_at, status, error_type, error_message)
     SELECT id, attempt, locked_by, started_at, now(), 'abandoned', 'WorkerLost', error_message FROM rescued
 )
-SELECT id, pg_notify('agora_jobs', queue) FROM rescued
+SELECT id, CASE WHEN status = 'pending' THEN pg_notify('agora_jobs', queue) END AS woken FROM rescued
 """
 
 # -- workers -----------------------------------------------------------------
@@ -201,20 +253,44 @@ INSERT_WORKER = """
 INSERT INTO agora.workers (id, hostname, pid, queues) VALUES ($1, $2, $3, $4::text[])
 """
 
-# Heartbeat: the worker is alive and its processing jobs keep their lease for $2 more seconds.
-# Rows locked right now are being completed by the same worker: skipping them (instead of
-# waiting) keeps the heartbeat from deadlocking with that completion.
-HEARTBEAT = """
+# The lease supervisor's renewal: worker $1 is alive, and exactly the leases it holds
+# (job attempts ($3 ids, $4 attempts), pipeline runs ($5 pipeline ids, $6 run ids)) are
+# extended by $2 seconds. Returns the ones it no longer holds (lost: taken over or
+# rescued) and the jobs whose cancel was asked for. Job rows locked right now are being
+# finished by this worker: skipped rather than waited for (no deadlock with that
+# statement), and not lost (the snapshot still shows them held).
+RENEW_LEASES = """
 WITH worker AS (
     UPDATE agora.workers SET last_heartbeat_at = now() WHERE id = $1
+), wanted AS (
+    SELECT * FROM unnest($3::bigint[], $4::int[]) AS t(id, attempt)
 ), held AS (
-    SELECT id FROM agora.jobs WHERE locked_by = $1 AND status = 'processing'
-    ORDER BY id
-    FOR UPDATE SKIP LOCKED
+    SELECT j.id FROM agora.jobs AS j JOIN wanted ON j.id = wanted.id AND j.attempt = wanted.attempt
+    WHERE j.locked_by = $1
+    ORDER BY j.id
+    FOR UPDATE OF j SKIP LOCKED
+), renewed AS (
+    UPDATE agora.jobs AS j SET lease_expires_at = now() + make_interval(secs => $2)
+    FROM held WHERE j.id = held.id
+), runs_renewed AS (
+    UPDATE agora.schedules AS s SET lease_expires_at = now() + make_interval(secs => $2)
+    FROM unnest($5::text[], $6::bigint[]) AS t(pipeline_id, run_id)
+    WHERE s.pipeline_id = t.pipeline_id AND s.lease_run_id = t.run_id AND s.lease_owner = $1
+    RETURNING s.pipeline_id
 )
-UPDATE agora.jobs AS j SET lease_expires_at = now() + make_interval(secs => $2)
-FROM held WHERE j.id = held.id
+SELECT
+    ARRAY(SELECT w.id FROM wanted AS w WHERE NOT EXISTS (
+        SELECT 1 FROM agora.jobs AS j WHERE j.id = w.id AND j.attempt = w.attempt AND j.locked_by = $1
+    )) AS lost_jobs,
+    ARRAY(SELECT j.id FROM wanted AS w JOIN agora.jobs AS j ON j.id = w.id AND j.attempt = w.attempt
+          WHERE j.locked_by = $1 AND j.cancel_requested_at IS NOT NULL) AS cancel_jobs,
+    ARRAY(SELECT t.pipeline_id FROM unnest($5::text[]) AS t(pipeline_id)
+          WHERE t.pipeline_id NOT IN (SELECT pipeline_id FROM runs_renewed)) AS lost_runs
 """
+
+# The channel a cancel of a running job is announced on (payload: the job id).
+CANCEL_CHANNEL = "agora_cancel"
+CANCEL_JOB = CANCEL_JOB.replace("{cancel_channel}", CANCEL_CHANNEL)
 
 # Record a clean stop.
 STOP_WORKER = "UPDATE agora.workers SET stopped_at = now(), last_heartbeat_at = now() WHERE id = $1"
@@ -237,14 +313,15 @@ SELECT_SCHEMA_VERSIONS = "SELECT version_num FROM agora.alembic_version"
 SCHEDULE_COLUMNS = (
     "pipeline_id, schedule_kind, schedule_spec, state, next_run_at, consecutive_errors, last_error, "
     "last_status, last_started_at, last_finished_at, lease_owner, lease_expires_at, "
-    "error_backoff_seconds, max_consecutive_errors"
+    "error_backoff_seconds, max_consecutive_errors, lease_run_id"
 )
 
-# Register a pipeline's schedule; a changed spec recomputes next_run_at (and re-arms a completed one).
+# Register a pipeline's schedule; a changed spec recomputes next_run_at (and re-arms a completed
+# one). A first run time $4 of NULL means now, by the database clock.
 UPSERT_SCHEDULE = f"""
 INSERT INTO agora.schedules AS s
     (pipeline_id, schedule_kind, schedule_spec, next_run_at, error_backoff_seconds, max_consecutive_errors)
-VALUES ($1, $2, $3, $4, $5, $6)
+VALUES ($1, $2, $3, COALESCE($4, clock_timestamp()), $5, $6)
 ON CONFLICT (pipeline_id) DO UPDATE SET
     schedule_kind = EXCLUDED.schedule_kind,
     schedule_spec = EXCLUDED.schedule_spec,
@@ -267,67 +344,101 @@ FROM agora.schedules WHERE pipeline_id = $1
 """
 
 # Claim the due run of pipeline $1 (registered with spec $3) for worker $2 with a lease of $4
-# seconds. A lease left by a lost worker is taken over: its run is recorded abandoned and the
-# tick is run again now. The run row's unique (pipeline_id, scheduled_for) key makes a second
-# record of the same tick impossible.
+# seconds, if no other worker holds it. A lease this worker holds itself is the trace of a
+# claim whose reply was lost (a worker claims a pipeline only while not running it): its
+# run is recorded abandoned, uncounted, and the tick claimed again. The run row's unique
+# (pipeline_id, scheduled_for) key makes a second record of the same tick impossible.
+# Returns the database clock too, which the runner schedules by.
 CLAIM_PIPELINE_RUN = f"""
 WITH due AS (
-    SELECT pipeline_id, next_run_at, lease_owner FROM agora.schedules
+    SELECT pipeline_id, next_run_at, lease_owner, lease_run_id FROM agora.schedules
     WHERE pipeline_id = $1 AND state = 'active' AND schedule_spec = $3
       AND next_run_at <= clock_timestamp()
-      AND (lease_owner IS NULL OR lease_expires_at < clock_timestamp())
+      AND (lease_owner IS NULL OR lease_owner = $2)
     FOR UPDATE SKIP LOCKED
-), abandoned AS (
+), unknown AS (
     UPDATE agora.runs AS r
-    SET status = 'abandoned', finished_at = now(), error_type = 'WorkerLost',
-        error_message = 'WorkerLost: worker ' || due.lease_owner || ' stopped renewing its lease'
+    SET status = 'abandoned', finished_at = clock_timestamp(), error_type = 'ClaimLost',
+        error_message = 'ClaimLost: the claim''s reply was lost; the tick was claimed again'
     FROM due
-    WHERE due.lease_owner IS NOT NULL AND r.pipeline_id = due.pipeline_id AND r.status = 'running'
+    WHERE due.lease_owner IS NOT NULL AND r.id = due.lease_run_id AND r.status = 'running'
+    RETURNING r.scheduled_for
+), run AS (
+    INSERT INTO agora.runs (pipeline_id, attempt, worker_id, started_at, status, scheduled_for)
+    SELECT pipeline_id, 1, $2, clock_timestamp(), 'running',
+           -- the abandoned row keeps its tick: the new one is a moment later
+           CASE WHEN due.lease_owner IS NULL THEN next_run_at ELSE clock_timestamp() END
+    FROM due
+    RETURNING id, pipeline_id, started_at, scheduled_for
 ), claimed AS (
     UPDATE agora.schedules AS s
     SET lease_owner = $2, lease_expires_at = clock_timestamp() + make_interval(secs => $4),
-        last_started_at = clock_timestamp(),
-        next_run_at = CASE WHEN due.lease_owner IS NULL THEN s.next_run_at ELSE clock_timestamp() END
-    FROM due WHERE s.pipeline_id = due.pipeline_id
+        lease_run_id = run.id, last_started_at = run.started_at
+    FROM run WHERE s.pipeline_id = run.pipeline_id
     RETURNING {", ".join("s." + c.strip() for c in SCHEDULE_COLUMNS.split(","))}
-), run AS (
-    INSERT INTO agora.runs (pipeline_id, attempt, worker_id, started_at, status, scheduled_for)
-    SELECT pipeline_id, 1, $2, last_started_at, 'running', next_run_at FROM claimed
-    RETURNING id, scheduled_for
 )
-SELECT claimed.*, run.id AS run_id, run.scheduled_for FROM claimed, run
+SELECT claimed.*, run.id AS run_id, run.scheduled_for, clock_timestamp() AS database_now
+FROM claimed, run
 """
 
-# Keep the lease of a running pipeline run.
-RENEW_PIPELINE_LEASE = """
-UPDATE agora.schedules SET lease_expires_at = clock_timestamp() + make_interval(secs => $3)
-WHERE pipeline_id = $1 AND lease_owner = $2
+# Take over pipeline $1's run from a worker whose lease expired (it died or lost the
+# database): the run is recorded abandoned and counts as a failed run: the error counter
+# rises, the next run waits the error backoff min(600, error_backoff_seconds * 2^(n-1))
+# (schedules.error_backoff), and at max_consecutive_errors the schedule stops.
+RESCUE_PIPELINE_RUN = f"""
+WITH lost AS (
+    SELECT pipeline_id, lease_owner, lease_run_id, consecutive_errors + 1 AS errors,
+           'WorkerLost: worker ' || lease_owner || ' stopped renewing its lease' AS message
+    FROM agora.schedules
+    WHERE pipeline_id = $1 AND lease_owner IS NOT NULL AND lease_expires_at < clock_timestamp()
+    FOR UPDATE SKIP LOCKED
+), abandoned AS (
+    UPDATE agora.runs AS r
+    SET status = 'abandoned', finished_at = clock_timestamp(), error_type = 'WorkerLost',
+        error_message = lost.message
+    FROM lost
+    WHERE r.status = 'running' AND r.pipeline_id = lost.pipeline_id
+      AND (r.id = lost.lease_run_id OR lost.lease_run_id IS NULL)
+)
+UPDATE agora.schedules AS s
+SET lease_owner = NULL, lease_expires_at = NULL, lease_run_id = NULL, last_status = 'abandoned',
+    last_finished_at = clock_timestamp(), consecutive_errors = lost.errors, last_error = lost.message,
+    next_run_at = clock_timestamp() + make_interval(
+        secs => LEAST({ERROR_BACKOFF_CAP_SECONDS}, s.error_backoff_seconds * power(2, LEAST(lost.errors - 1, 62)))),
+    state = CASE WHEN s.state = 'active' AND lost.errors >= s.max_consecutive_errors THEN 'stopped'
+                 ELSE s.state END
+FROM lost WHERE s.pipeline_id = lost.pipeline_id
+RETURNING {", ".join("s." + c.strip() for c in SCHEDULE_COLUMNS.split(","))}
 """
 
-# Record the end of run $3 of pipeline $1 by worker $2 and the schedule's new state, fenced on the lease.
+# Record the end of run $3 of pipeline $1 by worker $2 and the schedule's new state, fenced on
+# the lease. The next run is at $8, or $10 seconds from now by the database clock ($8 NULL),
+# or never ($8 and $10 NULL: a once schedule that succeeded).
 FINISH_PIPELINE_RUN = """
 WITH released AS (
     UPDATE agora.schedules
-    SET lease_owner = NULL, lease_expires_at = NULL, last_finished_at = clock_timestamp(),
-        last_status = $4, consecutive_errors = $7, last_error = $6, next_run_at = $8,
+    SET lease_owner = NULL, lease_expires_at = NULL, lease_run_id = NULL,
+        last_finished_at = clock_timestamp(), last_status = $4, consecutive_errors = $7, last_error = $6,
+        next_run_at = COALESCE($8, clock_timestamp() + make_interval(secs => $10)),
         state = CASE WHEN state = 'paused' AND $9 = 'active' THEN 'paused' ELSE $9 END  -- paused meanwhile
-    WHERE pipeline_id = $1 AND lease_owner = $2
+    WHERE pipeline_id = $1 AND lease_owner = $2 AND lease_run_id = $3
     RETURNING pipeline_id
 )
 UPDATE agora.runs AS r
-SET status = $4, finished_at = clock_timestamp(), error_type = $5, error_message = $6
+SET status = $4, finished_at = clock_timestamp(), error_type = $5, error_message = $6, traceback = $11
 FROM released
 WHERE r.id = $3 AND r.status = 'running'
 RETURNING r.id
 """
 
-# Give back a run cut short at shutdown: recorded cancelled, the lease freed, due again at once.
+# Give back run $3 of pipeline $1, cut short at shutdown: recorded cancelled, the lease freed,
+# due again at once.
 RELEASE_PIPELINE_RUN = """
 WITH released AS (
     UPDATE agora.schedules
-    SET lease_owner = NULL, lease_expires_at = NULL, last_status = 'cancelled',
+    SET lease_owner = NULL, lease_expires_at = NULL, lease_run_id = NULL, last_status = 'cancelled',
         next_run_at = CASE WHEN state = 'active' THEN clock_timestamp() ELSE next_run_at END
-    WHERE pipeline_id = $1 AND lease_owner = $2
+    WHERE pipeline_id = $1 AND lease_owner = $2 AND lease_run_id = $3
     RETURNING pipeline_id
 )
 UPDATE agora.runs AS r
@@ -338,6 +449,9 @@ WHERE r.id = $3 AND r.status = 'running'
 RETURNING r.id
 """
 
+# The database clock.
+DATABASE_NOW = "SELECT clock_timestamp()"
+
 # Database liveness for the health server.
 PING = "SELECT 1"
 
@@ -345,7 +459,7 @@ PING = "SELECT 1"
 
 RUN_COLUMNS = (
     "id, job_id, pipeline_id, attempt, worker_id, started_at, finished_at, status, error_type, "
-    "error_message, scheduled_for"
+    "error_message, scheduled_for, traceback"
 )
 
 # Filters a job listing may combine: each compares one column with one parameter.
@@ -393,7 +507,8 @@ SELECT_JOB_RUNS = f"SELECT {RUN_COLUMNS} FROM agora.runs WHERE job_id = $1 ORDER
 # retries on its own again only while retry_count < max_retries.
 RETRY_JOB = f"""
 UPDATE agora.jobs
-SET status = 'pending', run_at = now(), finished_at = NULL, locked_by = NULL, lease_expires_at = NULL
+SET status = 'pending', run_at = now(), finished_at = NULL, locked_by = NULL, lease_expires_at = NULL,
+    cancel_requested_at = NULL
 WHERE id = $1 AND status IN ('failed', 'cancelled')
 RETURNING {JOB_COLUMNS}
 """
@@ -514,7 +629,8 @@ RETURNING id
 
 # The end of such a run.
 FINISH_ADHOC_RUN = """
-UPDATE agora.runs SET status = $2, finished_at = clock_timestamp(), error_type = $3, error_message = $4
+UPDATE agora.runs SET status = $2, finished_at = clock_timestamp(), error_type = $3, error_message = $4,
+    traceback = $5
 WHERE id = $1
 """
 

@@ -23,6 +23,7 @@ class RunRow:
     error_type: str | None
     error_message: str | None
     scheduled_for: datetime | None
+    traceback: str | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> RunRow:

@@ -15,7 +15,7 @@ class ScheduleRegistration:
     pipeline_id: str
     kind: str
     spec: str
-    first_run_at: datetime
+    first_run_at: datetime | None  # None: now, by the database clock
     error_backoff_seconds: float
     max_consecutive_errors: int
 
@@ -38,6 +38,7 @@ class ScheduleRow:
     lease_expires_at: datetime | None
     error_backoff_seconds: float
     max_consecutive_errors: int
+    lease_run_id: int | None = None
     due_in_seconds: float | None = None
     lease_left_seconds: float | None = None
 
@@ -58,18 +59,23 @@ class ClaimedRun:
     schedule: ScheduleRow
     run_id: int
     scheduled_for: datetime
+    database_now: datetime  # the database clock when the run was claimed
 
 
 @dataclasses.dataclass(frozen=True)
 class RunFinish:
-    """How a run ended and what the schedule becomes."""
+    """How a run ended and what the schedule becomes. The next run is at ``next_run_at``
+    (a cron tick), else ``next_run_in_seconds`` from now by the database clock, else
+    never (a once schedule that succeeded)."""
 
     pipeline_id: str
     worker_id: str
     run_id: int
-    status: str  # succeeded or failed
+    status: str  # succeeded, failed or abandoned (the lease was lost)
     error_type: str | None
     error_message: str | None
     consecutive_errors: int
     next_run_at: datetime | None
     state: str
+    next_run_in_seconds: float | None = None
+    traceback: str | None = None

@@ -1,15 +1,20 @@
 """The Store: the one class that talks to PostgreSQL.
 
 It runs the statements of ``agora_pg.db.queries`` on asyncpg connections of its
-own (``connections.IdleConnections``), or on the pool of an engine a caller lent
-it; Alembic runs on its SQLAlchemy engine. Nothing else in agora-pg holds an
-engine, a pool or a connection.
+own (``connections.ConnectionPool``: every call under a deadline), or on the pool
+of an engine a caller lent it; Alembic runs on its SQLAlchemy engine. Nothing
+else in agora-pg holds an engine, a pool or a connection.
+
+Errors leave it in three kinds: ``DatabaseUnavailable`` (the connection is gone,
+or ``TransientDatabaseError``: a server error a retry resolves), ``SchemaNotReady``,
+and anything else, which the caller records as the failure it is.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+from datetime import datetime
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, cast
 
@@ -21,7 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from agora_pg.db import queries
 from agora_pg.db.connect import Database
-from agora_pg.db.connections import CONNECTION_ERRORS, IdleConnections, ListenConnection
+from agora_pg.db.connections import CONNECTION_ERRORS, ConnectionPool, ListenConnection, is_transient
 from agora_pg.db.enqueue import CallerConnection, caller_fetch, insert_jobs
 from agora_pg.db.job_rows import row_to_job
 from agora_pg.db.schedule_rows import (
@@ -30,6 +35,7 @@ from agora_pg.db.schedule_rows import (
     ScheduleRegistration,
     ScheduleRow,
 )
+from agora_pg.db.job_rows import JobFinish, LeaseRenewal
 from agora_pg.db.run_rows import MetricsSnapshot, RunRow
 from agora_pg.errors import (
     DatabaseUnavailable,
@@ -53,19 +59,30 @@ class Store:
     """Job-queue operations on one database."""
 
     def __init__(
-        self, engine: AsyncEngine, database: Database, *, owns_engine: bool = False, pool_size: int = 5
+        self,
+        engine: AsyncEngine,
+        database: Database,
+        *,
+        owns_engine: bool = False,
+        pool_size: int = 5,
+        timeout: float = 30.0,
     ) -> None:
         self._engine = engine
         self.database = database
         self._owns_engine = owns_engine
+        self.timeout = timeout
         # Statements of the Store run on its own connections; a borrowed engine's pool
         # is used only when the caller gave one (it may limit connections on purpose).
-        self._own = IdleConnections(database.asyncpg_url, 2 * pool_size) if owns_engine else None
+        self._own = ConnectionPool(database.asyncpg_url, 2 * pool_size, timeout) if owns_engine else None
 
     @classmethod
-    def open(cls, database: Database, *, pool_size: int = 5) -> Store:
-        """A Store with its own engine and connections (closed by ``close()``)."""
-        return cls(database.create_engine(pool_size=pool_size), database, owns_engine=True, pool_size=pool_size)
+    def open(cls, database: Database, *, pool_size: int = 5, timeout: float = 30.0) -> Store:
+        """A Store with its own engine and connections (closed by ``close()``); every
+        database call it makes has ``timeout`` seconds."""
+        return cls(
+            database.create_engine(pool_size=pool_size), database, owns_engine=True, pool_size=pool_size,
+            timeout=timeout,
+        )
 
     @classmethod
     def from_engine(cls, engine: AsyncEngine) -> Store:
@@ -92,7 +109,9 @@ class Store:
             raise self._unavailable(error) from error
         try:
             yield sa_connection
-        except CONNECTION_ERRORS as error:
+        except (*CONNECTION_ERRORS, sqlalchemy.exc.DBAPIError) as error:
+            if isinstance(error, sqlalchemy.exc.DBAPIError) and not _connection_lost(error):
+                raise
             # The server restarted or the network broke: every pooled connection is
             # likely dead too, so drop them all rather than fail once per connection.
             await sa_connection.invalidate()
@@ -103,21 +122,27 @@ class Store:
 
     @contextlib.asynccontextmanager
     async def connection(self) -> AsyncIterator[asyncpg.Connection]:
-        """An asyncpg connection; connection errors become ``DatabaseUnavailable``
-        and the broken connection is discarded."""
-        if self._own is None:
-            async with self._sa_connection() as sa_connection:
-                raw = await sa_connection.get_raw_connection()
-                yield raw.driver_connection
-            return
+        """An asyncpg connection. A lost connection becomes ``DatabaseUnavailable`` (the
+        broken connection is discarded), a server error a retry resolves becomes
+        ``TransientDatabaseError``, a missing schema ``SchemaNotReady``."""
         try:
-            async with self._own.acquire() as connection:
-                yield connection
+            if self._own is None:
+                async with self._sa_connection() as sa_connection:
+                    raw = await sa_connection.get_raw_connection()
+                    yield raw.driver_connection
+            else:
+                async with self._own.acquire() as connection:
+                    yield connection
         except CONNECTION_ERRORS as error:
             raise self._unavailable(error) from error
-        except asyncpg.TransactionRollbackError as error:  # deadlock or serialization failure
-            raise TransientDatabaseError(f"transient conflict, retry: {error}") from error
-        except (asyncpg.UndefinedTableError, asyncpg.InvalidSchemaNameError) as error:
+        except asyncpg.PostgresError as error:
+            if is_transient(error):
+                raise TransientDatabaseError(
+                    f"the database at {self.database.display_url} answered {type(error).__name__}; "
+                    f"retrying: {error}"
+                ) from error
+            if not isinstance(error, asyncpg.UndefinedTableError | asyncpg.InvalidSchemaNameError):
+                raise
             raise SchemaNotReady(
                 f"the agora schema is missing or incomplete in {self.database.display_url} ({error}): "
                 "run agora-pg migrate"
@@ -171,6 +196,11 @@ class Store:
 
     # -- reading and cancelling --------------------------------------------------
 
+    async def database_now(self) -> datetime:
+        """The database's clock (``clock_timestamp()``)."""
+        async with self.connection() as connection:
+            return cast(datetime, await connection.fetchval(queries.DATABASE_NOW))
+
     async def get_job(self, job_id: int) -> Job:
         _require_possible(job_id)
         rows = await self._fetch(queries.SELECT_JOB, job_id)
@@ -179,7 +209,8 @@ class Store:
         return row_to_job(rows[0])
 
     async def cancel_job(self, job_id: int) -> Job:
-        """Cancel a job that has not started yet."""
+        """Cancel a job that has not started yet, or ask the worker running it to stop it
+        (the job is returned still ``processing``, with ``cancel_requested_at`` set)."""
         _require_possible(job_id)
         rows = await self._fetch(queries.CANCEL_JOB, job_id)
         if rows:
@@ -236,46 +267,58 @@ class Store:
         )
         return {row["job_id"] for row in rows}
 
-    async def complete_failed(
-        self,
-        failures: Sequence[tuple[int, int, str, str, float]],
-        worker_id: str,
-        default_max_retries: int,
+    async def finish_jobs(
+        self, finishes: Sequence[JobFinish], worker_id: str, max_lost_attempts: int, default_max_retries: int
     ) -> set[int]:
-        """Record failed attempts ``(job_id, attempt, error_type, error_message, delay)``."""
-        columns = list(zip(*sorted(failures), strict=True))
+        """Record outcomes other than success (``queries.FINISH_JOBS``); returns the ids
+        of the attempts that were still held (the others were taken over meanwhile)."""
+        finishes = sorted(finishes, key=lambda finish: finish.job_id)
         rows = await self._fetch(
-            queries.COMPLETE_FAILED,
-            list(columns[0]),
-            list(columns[1]),
-            list(columns[2]),
-            list(columns[3]),
-            [float(delay) for delay in columns[4]],
-            default_max_retries,
-            worker_id,
-        )
-        return {row["job_id"] for row in rows}
-
-    async def release_jobs(self, attempts: Sequence[tuple[int, int]], worker_id: str) -> set[int]:
-        """Give unfinished attempts back as pending, without counting an attempt."""
-        attempts = sorted(attempts)
-        rows = await self._fetch(
-            queries.RELEASE_JOBS, [a[0] for a in attempts], [a[1] for a in attempts], worker_id
+            queries.FINISH_JOBS, worker_id, max_lost_attempts, default_max_retries,
+            [f.job_id for f in finishes], [f.attempt for f in finishes], [f.kind for f in finishes],
+            [f.error_type for f in finishes], [f.error_message for f in finishes],
+            [f.traceback for f in finishes], [f.delay_seconds for f in finishes], [f.final for f in finishes],
         )
         return {row["id"] for row in rows}
 
-    async def rescue_expired(self, default_max_retries: int, limit: int) -> list[int]:
+    async def release_unstarted_jobs(self, worker_id: str, running: Sequence[int]) -> set[int]:
+        """Give back the jobs ``worker_id`` holds but never started (``running``: ids to keep)."""
+        rows = await self._fetch(queries.RELEASE_UNSTARTED_JOBS, worker_id, list(running))
+        return {row["id"] for row in rows}
+
+    async def adopt_unknown_jobs(self, worker_id: str, known: Sequence[int], lease_seconds: float) -> list[Job]:
+        """The jobs ``worker_id`` holds beyond ``known`` (a claim whose reply was lost)."""
+        rows = await self._fetch(queries.ADOPT_UNKNOWN_JOBS, worker_id, list(known), float(lease_seconds))
+        return [row_to_job(row) for row in rows]
+
+    async def rescue_expired(self, max_lost_attempts: int, default_max_retries: int, limit: int) -> list[int]:
         """Take back processing jobs whose lease expired; returns their ids."""
-        rows = await self._fetch(queries.RESCUE_EXPIRED, default_max_retries, limit)
+        rows = await self._fetch(queries.RESCUE_EXPIRED, max_lost_attempts, default_max_retries, limit)
         return [row["id"] for row in rows]
+
+    async def renew_leases(
+        self,
+        worker_id: str,
+        lease_seconds: float,
+        jobs: Sequence[tuple[int, int]],
+        runs: Sequence[tuple[str, int]],
+    ) -> LeaseRenewal:
+        """Extend exactly these leases (job ``(id, attempt)``, pipeline ``(id, run_id)``)
+        and the worker's heartbeat; says which are lost and which jobs are to be cancelled."""
+        rows = await self._fetch(
+            queries.RENEW_LEASES, worker_id, float(lease_seconds),
+            [job[0] for job in jobs], [job[1] for job in jobs], [run[0] for run in runs], [run[1] for run in runs],
+        )
+        row = rows[0]
+        return LeaseRenewal(
+            lost_jobs=frozenset(row["lost_jobs"]), cancel_jobs=frozenset(row["cancel_jobs"]),
+            lost_runs=frozenset(row["lost_runs"]),
+        )
 
     # -- workers -------------------------------------------------------------------
 
     async def register_worker(self, worker_id: str, hostname: str, pid: int, queues: Sequence[str]) -> None:
         await self._execute(queries.INSERT_WORKER, worker_id, hostname, pid, list(queues))
-
-    async def heartbeat(self, worker_id: str, lease_seconds: float) -> None:
-        await self._execute(queries.HEARTBEAT, worker_id, float(lease_seconds))
 
     async def stop_worker(self, worker_id: str) -> None:
         await self._execute(queries.STOP_WORKER, worker_id)
@@ -309,10 +352,16 @@ class Store:
         if not rows:
             return None
         row = rows[0]
-        return ClaimedRun(ScheduleRow.from_row(row), run_id=row["run_id"], scheduled_for=row["scheduled_for"])
+        return ClaimedRun(
+            ScheduleRow.from_row(row), run_id=row["run_id"], scheduled_for=row["scheduled_for"],
+            database_now=row["database_now"],
+        )
 
-    async def renew_pipeline_lease(self, pipeline_id: str, worker_id: str, lease_seconds: float) -> None:
-        await self._execute(queries.RENEW_PIPELINE_LEASE, pipeline_id, worker_id, float(lease_seconds))
+    async def rescue_pipeline_run(self, pipeline_id: str) -> ScheduleRow | None:
+        """Take the run over from a worker whose lease expired (counted as a failed run);
+        the schedule's new row, or None when there was nothing to take over."""
+        rows = await self._fetch(queries.RESCUE_PIPELINE_RUN, pipeline_id)
+        return ScheduleRow.from_row(rows[0]) if rows else None
 
     async def finish_pipeline_run(self, finish: RunFinish) -> bool:
         """Record a run's end; False if this worker no longer held the lease."""
@@ -327,6 +376,8 @@ class Store:
             finish.consecutive_errors,
             finish.next_run_at,
             finish.state,
+            finish.next_run_in_seconds,
+            finish.traceback,
         )
         return bool(rows)
 
@@ -394,21 +445,36 @@ class Store:
 
     # -- notifications -------------------------------------------------------------
 
-    async def listen(self, on_payload: Callable[[str], None], channel: str = NOTIFY_CHANNEL) -> ListenConnection:
-        """A dedicated connection calling ``on_payload(payload)`` for every notification on
-        ``channel``: by default every enqueue (payload: the queue); with
-        ``queries.SCHEDULES_CHANNEL``, every schedule resumed or triggered (the pipeline id)."""
+    async def listen(self, handlers: Mapping[str, Callable[[str], None]]) -> ListenConnection:
+        """A dedicated connection calling ``handlers[channel](payload)`` for every
+        notification: ``NOTIFY_CHANNEL`` on every enqueue (payload: the queue),
+        ``queries.CANCEL_CHANNEL`` when a running job is to be cancelled (its id),
+        ``queries.SCHEDULES_CHANNEL`` when a schedule is resumed or triggered (its pipeline id)."""
         try:
-            connection = await asyncpg.connect(self.database.asyncpg_url)
+            connection = await asyncpg.connect(self.database.asyncpg_url, timeout=self.timeout)
         except CONNECTION_ERRORS as error:
-            raise DatabaseUnavailable(f"database unavailable: {error}") from error
+            raise self._unavailable(error) from error
+        except asyncpg.PostgresError as error:  # refused: too many connections, no such database...
+            raise TransientDatabaseError(f"LISTEN connection refused: {error}") from error
         listen = ListenConnection(connection)
-
-        def callback(_connection: object, _pid: int, _channel: str, payload: str) -> None:
-            on_payload(payload)
-
-        await connection.add_listener(channel, callback)
+        try:
+            for channel, handler in handlers.items():
+                await connection.add_listener(channel, _notification_callback(handler))
+        except (*CONNECTION_ERRORS, asyncpg.PostgresError) as error:
+            await listen.close()
+            raise self._unavailable(error) from error
         return listen
+
+
+def _notification_callback(handler: Callable[[str], None]) -> Callable[[object, int, str, str], None]:
+    def callback(_connection: object, _pid: int, _channel: str, payload: str) -> None:
+        handler(payload)
+
+    return callback
+
+
+def _connection_lost(error: sqlalchemy.exc.DBAPIError) -> bool:
+    return bool(error.connection_invalidated) or isinstance(error.orig, CONNECTION_ERRORS)
 
 
 def _require_possible(job_id: int) -> None:

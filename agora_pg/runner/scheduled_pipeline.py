@@ -10,25 +10,27 @@ recorded only by the worker that still holds the lease.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import inspect
 import logging
 import os
+import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from agora_pg.db.connect import resolve_database
 from agora_pg.db.schedule_rows import ClaimedRun, RunFinish, ScheduleRegistration, ScheduleRow
 from agora_pg.db.store import Store
-from agora_pg.errors import DatabaseUnavailable
+from agora_pg.errors import AgoraError, DatabaseUnavailable
 from agora_pg.lifecycle import wait_for_event
+from agora_pg.outcomes import Outcome, OutcomeKind, StopReason, outcome_of
 from agora_pg.pipelines.pipeline import PipelineInterrupted, PipelineRun, current_run
-from agora_pg.retry import describe_error
-from agora_pg.schedules import Schedule, error_backoff
+from agora_pg.runtime.database_calls import retry_database
+from agora_pg.runtime.leases import LeaseSupervisor, LeaseToken
+from agora_pg.runtime.process import ErrorWait, check_schema, new_worker_id
+from agora_pg.schedules import NextRun, Schedule, error_backoff
 from agora_pg.settings import Settings, load_settings
-from agora_pg.worker.worker import ErrorWait, check_schema, new_worker_id
 
 log = logging.getLogger("agora_pg.runner")
 
@@ -49,6 +51,7 @@ class Runnable(Protocol):
 
 Factory = Callable[[], Awaitable[Runnable] | Runnable]
 Clock = Callable[[], datetime]
+T = TypeVar("T")
 
 
 def utc_now() -> datetime:
@@ -152,31 +155,58 @@ class ScheduledPipeline:
         """Run until stopped, on the database of the environment (or the embedded one)."""
         settings = load_settings(os.environ)
         async with resolve_database(settings) as database:
-            store = Store.open(database, pool_size=2)
+            store = Store.open(database, pool_size=2, timeout=settings.database_timeout)
             try:
                 await check_schema(store)
                 await self.serve(store, new_worker_id(), settings)
             finally:
                 await store.close()
 
-    async def serve(self, store: Store, worker_id: str, settings: Settings) -> None:
-        """Run on an open Store as ``worker_id`` (a WorkerPool calls this)."""
-        runner = _PipelineRunner(self, store, worker_id, settings)
-        await runner.register()
-        await runner.loop()
+    async def serve(
+        self, store: Store, worker_id: str, settings: Settings, supervisor: LeaseSupervisor | None = None
+    ) -> None:
+        """Run on an open Store as ``worker_id`` (a WorkerPool calls this, with its lease
+        supervisor; without one, the pipeline runs a supervisor of its own)."""
+        own = supervisor is None
+        if supervisor is None:
+            supervisor = LeaseSupervisor(
+                store.database, worker_id, settings.lease_seconds, database_timeout=settings.database_timeout
+            )
+            supervisor.start()
+        try:
+            runner = _PipelineRunner(self, store, worker_id, settings, supervisor)
+            if await runner.register():
+                await runner.loop()
+        finally:
+            if own:
+                await supervisor.stop()
+
+
+class RunAbandoned(AgoraError):
+    """A run's worker was lost (its lease expired) often enough in a row to stop the schedule."""
 
 
 class _PipelineRunner:
     """One ScheduledPipeline serving in one process."""
 
-    def __init__(self, pipeline: ScheduledPipeline, store: Store, worker_id: str, settings: Settings) -> None:
+    def __init__(
+        self, pipeline: ScheduledPipeline, store: Store, worker_id: str, settings: Settings,
+        supervisor: LeaseSupervisor,
+    ) -> None:
         self.pipeline = pipeline
         self.store = store
         self.worker_id = worker_id
         self.lease_seconds = settings.lease_seconds
+        self.supervisor = supervisor
         self.spec = pipeline.schedule.spec
+        self.what = f"pipeline {pipeline.pipeline_id}"
 
-    async def register(self) -> None:
+    async def _call(self, call: Callable[[], Awaitable[T]], what: str, stop: asyncio.Event | None = None) -> T:
+        """A database call, retried while the database is unavailable, until the pipeline stops."""
+        return await retry_database(call, what=f"{self.what}: {what}", stop=stop or self.pipeline._stop, first_wait=0.5)
+
+    async def register(self) -> bool:
+        """Register the schedule; False if the pipeline was stopped before the database answered."""
         pipeline = self.pipeline
         registration = ScheduleRegistration(
             pipeline_id=pipeline.pipeline_id,
@@ -186,35 +216,74 @@ class _PipelineRunner:
             error_backoff_seconds=pipeline.error_backoff_seconds,
             max_consecutive_errors=pipeline.max_consecutive_errors,
         )
-        pipeline._row = await self._retrying(lambda: self.store.upsert_schedule(registration))
+        try:
+            pipeline._row = await self._call(lambda: self.store.upsert_schedule(registration), "registering")
+        except DatabaseUnavailable:
+            return False
         log.info(
             "pipeline %s registered: %s, state %s, next run %s",
             pipeline.pipeline_id, self.spec, pipeline._row.state, pipeline._row.next_run_at,
         )
+        return True
 
     async def loop(self) -> None:
         pipeline = self.pipeline
+        pause = ErrorWait(0.5)
         while not pipeline._stop.is_set():
             pipeline._wake.clear()  # before reading the row: a change from now on wakes the wait below
-            claimed = await self._retrying(
-                lambda: self.store.claim_pipeline_run(pipeline.pipeline_id, self.spec, self.worker_id, self.lease_seconds)
-            )
-            if claimed is not None:
-                next_run_at = await self.run_once(claimed)
-                if next_run_at is None:
-                    return  # a once schedule that succeeded
-                wait = (next_run_at - pipeline._clock()).total_seconds() + CLOCK_MARGIN
-                await wait_for_event(pipeline._wake, min(max(wait, 0.0), MAX_IDLE_WAIT))
-                continue
-            row = await self._retrying(lambda: self.store.get_schedule(pipeline.pipeline_id))
-            if row is None:  # deleted by hand: register again
-                await self.register()
-                continue
-            pipeline._row = row
-            if row.state == "completed" and row.schedule_spec == self.spec:
-                log.info("pipeline %s has completed its once schedule; not running it again", pipeline.pipeline_id)
+            try:
+                wait = await self._step()
+                pause.reset()
+            except DatabaseUnavailable:
+                return  # stopped while the database was away
+            except _ScheduleStopped as stopped:
+                raise stopped.error from None
+            except Exception:  # the loop never ends on agora-pg's own errors: it waits and looks again
+                wait = pause.next()
+                log.exception("%s: looking at its schedule failed; again in %.1fs", self.what, wait)
+            if wait is None:
                 return
-            await wait_for_event(pipeline._wake, self._idle_wait(row))
+            await wait_for_event(pipeline._wake, min(max(wait, 0.0), MAX_IDLE_WAIT))
+
+    async def _step(self) -> float | None:
+        """Claim and run the due run, or look at the schedule; returns how long to wait
+        before the next look (None: this pipeline is done)."""
+        pipeline = self.pipeline
+        claimed_at = time.monotonic()
+        claimed = await self._call(
+            lambda: self.store.claim_pipeline_run(pipeline.pipeline_id, self.spec, self.worker_id, self.lease_seconds),
+            "claiming its run",
+        )
+        if claimed is not None:
+            clock = _DatabaseClock(claimed.database_now)
+            next_run = await self.run_once(claimed, claimed_at, clock)
+            if next_run is None:
+                return None  # a once schedule that succeeded
+            return (next_run - clock.now()).total_seconds() + CLOCK_MARGIN
+        row = await self._call(lambda: self.store.get_schedule(pipeline.pipeline_id), "reading its schedule")
+        if row is None:  # deleted by hand: register again
+            return 0.0 if await self.register() else None
+        if row.lease_owner not in (None, self.worker_id) and (row.lease_left_seconds or 0.0) < 0:
+            if await self._rescue() is not None:
+                return 0.0  # look again at once: due after the error backoff
+        pipeline._row = row
+        if row.state == "completed" and row.schedule_spec == self.spec:
+            log.info("pipeline %s has completed its once schedule; not running it again", pipeline.pipeline_id)
+            return None
+        return self._idle_wait(row)
+
+    async def _rescue(self) -> ScheduleRow | None:
+        """Take the run over from a worker whose lease expired: counted as a failed run."""
+        pipeline = self.pipeline
+        row = await self._call(lambda: self.store.rescue_pipeline_run(pipeline.pipeline_id), "taking over its run")
+        if row is None:
+            return None
+        pipeline._row = row
+        log.error("pipeline %s: %s; counted as a failed run (%d in a row)", pipeline.pipeline_id, row.last_error,
+                  row.consecutive_errors)
+        if row.state == "stopped":
+            raise _ScheduleStopped(RunAbandoned(f"{row.last_error} ({row.consecutive_errors} failed runs in a row)"))
+        return row
 
     def _idle_wait(self, row: ScheduleRow) -> float:
         if row.state != "active" or row.schedule_spec != self.spec or row.due_in_seconds is None:
@@ -225,96 +294,143 @@ class _PipelineRunner:
             return min(row.due_in_seconds + CLOCK_MARGIN, MAX_IDLE_WAIT)
         return LEASE_RACE_WAIT  # due and unleased: another worker is claiming it right now
 
-    async def run_once(self, claimed: ClaimedRun) -> datetime | None:
-        """Run the claimed tick, record it, and return the next run time.
+    async def run_once(self, claimed: ClaimedRun, claimed_at: float, clock: _DatabaseClock) -> datetime | None:
+        """Run the claimed tick under its lease, record it, and return the next run time.
         Raises the run's error when it stops the schedule."""
         pipeline = self.pipeline
         pipeline._row = claimed.schedule
         pipeline._running = True
-        renewer = asyncio.create_task(self._renew_lease())
-        error: BaseException | None = None
+        token = LeaseToken.run(pipeline.pipeline_id, claimed.run_id)
+        stop_reasons: list[StopReason] = []
+        lease_lost = asyncio.Event()
         # The run's checkpoints and dead letters go through this store; a stop request
         # ends a resumable pipeline after its current batch.
         run_token = current_run.set(PipelineRun(self.store, claimed.run_id, pipeline._stop))
         try:
-            await _run_pipeline(pipeline.factory)
-        except asyncio.CancelledError:
-            await self._release(claimed)
-            raise
-        except PipelineInterrupted as interrupted:
-            log.info("%s", interrupted)
-            await self._release(claimed)
-            return None
-        except Exception as raised:
-            error = raised
+            execution = asyncio.create_task(_run_pipeline(pipeline.factory), name=f"pipeline-{pipeline.pipeline_id}")
         finally:
             current_run.reset(run_token)
-            renewer.cancel()
+
+        def on_stop(reason: StopReason) -> None:
+            stop_reasons.append(reason)
+            if reason is StopReason.LEASE_LOST:
+                lease_lost.set()
+            execution.cancel()
+
+        self.supervisor.hold(token, on_stop, claimed_at, task=execution,
+                             description=f"pipeline {pipeline.pipeline_id} (run {claimed.run_id})")
+        try:
+            error = await _outcome_error(execution)
+        except asyncio.CancelledError:  # the pool force-cancels at the end of its grace period
+            execution.cancel()
+            await asyncio.wait([execution], timeout=RELEASE_TIMEOUT)
+            await self._release(claimed)
+            self.supervisor.release(token)
+            raise
+        finally:
             pipeline._running = False
-        finish = self._finish(claimed, error)
-        recorded = await self._retrying(lambda: self.store.finish_pipeline_run(finish))
+        if isinstance(error, PipelineInterrupted):
+            log.info("%s", error)
+            await self._release(claimed)
+            self.supervisor.release(token)
+            return None
+        outcome = outcome_of(error, stop_reasons[0] if stop_reasons else None)
+        finish = self._finish(claimed, outcome, clock)
+        try:
+            recorded = await self._call(lambda: self.store.finish_pipeline_run(finish), "recording its run",
+                                        stop=lease_lost)
+        except DatabaseUnavailable:
+            recorded = False
+        except Exception:
+            log.exception("%s: recording run %s failed; its lease will expire", self.what, claimed.run_id)
+            recorded = False
+        finally:
+            self.supervisor.release(token)
         if not recorded:
             log.warning("pipeline %s: run %s was taken over by another worker; outcome not recorded",
                         pipeline.pipeline_id, claimed.run_id)
         pipeline._row = dataclasses.replace(
-            claimed.schedule, state=finish.state, next_run_at=finish.next_run_at,
+            claimed.schedule, state=finish.state, next_run_at=finish.next_run_at or NextRun(
+                in_seconds=finish.next_run_in_seconds).at_time(clock.now()),
             consecutive_errors=finish.consecutive_errors, last_error=finish.error_message,
-            last_status=finish.status, last_finished_at=pipeline._clock(), lease_owner=None,
+            last_status=finish.status, last_finished_at=clock.now(), lease_owner=None,
         )
-        if error is not None:
+        if outcome.kind is not OutcomeKind.SUCCEEDED:
             log.error("pipeline %s run failed (%d in a row): %s", pipeline.pipeline_id,
                       finish.consecutive_errors, finish.error_message)
+            if outcome.traceback:
+                log.warning("pipeline %s run %s:\n%s", pipeline.pipeline_id, claimed.run_id, outcome.traceback)
             if finish.state == "stopped":
-                raise error
-        return finish.next_run_at
+                last = error if isinstance(error, Exception) else RunAbandoned(finish.error_message or "run failed")
+                raise _ScheduleStopped(last)
+        return pipeline._row.next_run_at
 
-    def _finish(self, claimed: ClaimedRun, error: BaseException | None) -> RunFinish:
+    def _finish(self, claimed: ClaimedRun, outcome: Outcome, clock: _DatabaseClock) -> RunFinish:
         pipeline = self.pipeline
-        finished_at = pipeline._clock()
-        error_type = message = None
-        if error is None:
-            status, errors = "succeeded", 0
-            next_run_at = pipeline.schedule.next_run_after_success(finished_at)
-            state = "completed" if next_run_at is None else "active"
+        if outcome.kind is OutcomeKind.SUCCEEDED:
+            errors = 0
+            next_run = pipeline.schedule.next_run_after_success(clock.now(), claimed.scheduled_for)
+            state = "completed" if next_run.at is None and next_run.in_seconds is None else "active"
         else:
-            status, errors = "failed", claimed.schedule.consecutive_errors + 1
-            error_type, message = describe_error(error)
-            next_run_at = finished_at + timedelta(seconds=error_backoff(errors, pipeline.error_backoff_seconds))
+            errors = claimed.schedule.consecutive_errors + 1
+            next_run = NextRun(in_seconds=error_backoff(errors, pipeline.error_backoff_seconds))
             state = "stopped" if errors >= pipeline.max_consecutive_errors else "active"
         return RunFinish(
-            pipeline_id=pipeline.pipeline_id, worker_id=self.worker_id, run_id=claimed.run_id, status=status,
-            error_type=error_type, error_message=message, consecutive_errors=errors,
-            next_run_at=next_run_at, state=state,
+            pipeline_id=pipeline.pipeline_id, worker_id=self.worker_id, run_id=claimed.run_id,
+            status=outcome.run_status, error_type=outcome.error_type, error_message=outcome.error_message,
+            consecutive_errors=errors, next_run_at=next_run.at, state=state,
+            next_run_in_seconds=next_run.in_seconds, traceback=outcome.traceback,
         )
 
     async def _release(self, claimed: ClaimedRun) -> None:
         """Record the cancelled run and free the lease; bounded, since the process is stopping
         (if the database does not answer in time, the lease simply expires)."""
-        with contextlib.suppress(DatabaseUnavailable, TimeoutError):
+        try:
             await asyncio.wait_for(
                 self.store.release_pipeline_run(self.pipeline.pipeline_id, self.worker_id, claimed.run_id),
                 RELEASE_TIMEOUT,
             )
             log.warning("pipeline %s: run cancelled at shutdown and released", self.pipeline.pipeline_id)
+        except (DatabaseUnavailable, TimeoutError) as error:
+            log.warning("pipeline %s: releasing the run at shutdown: %s", self.pipeline.pipeline_id,
+                        error or "no answer in time")
+        except Exception:
+            log.exception("pipeline %s: releasing the run at shutdown failed", self.pipeline.pipeline_id)
 
-    async def _renew_lease(self) -> None:
-        while True:
-            await asyncio.sleep(self.lease_seconds / 3)
-            try:
-                await self.store.renew_pipeline_lease(self.pipeline.pipeline_id, self.worker_id, self.lease_seconds)
-            except DatabaseUnavailable as error:
-                log.warning("pipeline %s: renewing the lease failed: %s", self.pipeline.pipeline_id, error)
 
-    async def _retrying(self, call: Callable[[], Awaitable[Any]]) -> Any:
-        """Call until the database answers (a stop request ends the waiting)."""
-        error_wait = ErrorWait(0.5)
-        while True:
-            try:
-                return await call()
-            except DatabaseUnavailable as error:
-                wait = error_wait.next()
-                log.warning("pipeline %s: %s; retrying in %.1fs", self.pipeline.pipeline_id, error, wait)
-                await asyncio.sleep(wait)
+class _ScheduleStopped(Exception):
+    """The schedule stopped after ``max_consecutive_errors``; ``error`` is the last one."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class _DatabaseClock:
+    """The database's time, estimated from one reading of it and this host's monotonic clock
+    (so that no time the database compares comes from a host clock that may be off)."""
+
+    def __init__(self, database_now: datetime) -> None:
+        self._read = database_now
+        self._read_at = time.monotonic()
+
+    def now(self) -> datetime:
+        return self._read + timedelta(seconds=time.monotonic() - self._read_at)
+
+
+async def _outcome_error(execution: asyncio.Task[None]) -> BaseException | None:
+    """Wait for the run; what it raised (its own CancelledError included), or None."""
+    try:
+        await asyncio.shield(execution)
+    except asyncio.CancelledError:
+        if not execution.done():
+            raise  # the waiter itself was cancelled
+        return asyncio.CancelledError() if execution.cancelled() else execution.exception()
+    except BaseException as error:
+        if isinstance(error, KeyboardInterrupt | SystemExit):
+            raise
+        return error
+    return None
 
 
 async def _run_pipeline(factory: Factory) -> None:

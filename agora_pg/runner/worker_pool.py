@@ -19,12 +19,14 @@ from agora_pg.db.connect import resolve_database
 from agora_pg.db.store import Store
 from agora_pg.errors import AgoraError, DatabaseUnavailable
 from agora_pg.lifecycle import shutdown_signals, wait_tasks_or_event
-from agora_pg.retry import describe_error
+from agora_pg.outcomes import describe_error
 from agora_pg.runner.health import HealthServer
 from agora_pg.runner.schedule_listener import listen_for_schedule_changes
 from agora_pg.runner.scheduled_pipeline import ScheduledPipeline
+from agora_pg.runtime.leases import LeaseSupervisor
+from agora_pg.runtime.process import check_schema, new_worker_id
 from agora_pg.settings import Settings, load_settings
-from agora_pg.worker.worker import Worker, check_schema, new_worker_id
+from agora_pg.worker.worker import Worker
 
 log = logging.getLogger("agora_pg.runner")
 
@@ -109,7 +111,7 @@ class WorkerPool:
             settings = self.job_worker.effective_settings()
         with shutdown_signals(self.stop, self.abort) if handle_signals else contextlib.nullcontext():
             async with resolve_database(settings) as database:
-                store = Store.open(database, pool_size=5)
+                store = Store.open(database, pool_size=5, timeout=settings.database_timeout)
                 self._store = store
                 try:
                     await check_schema(store)
@@ -120,12 +122,24 @@ class WorkerPool:
 
     async def _serve(self, store: Store, settings: Settings) -> None:
         worker_id = self.job_worker.id if self.job_worker is not None else new_worker_id()
+        supervisor = LeaseSupervisor(
+            store.database, worker_id, settings.lease_seconds, database_timeout=settings.database_timeout
+        )
+        supervisor.start()
+        try:
+            await self._serve_with(store, settings, worker_id, supervisor)
+        finally:
+            await supervisor.stop()
+
+    async def _serve_with(self, store: Store, settings: Settings, worker_id: str, supervisor: LeaseSupervisor) -> None:
         tasks: dict[asyncio.Task[Any], ScheduledPipeline | Worker] = {}
         for pipeline in self.pipelines:
-            tasks[asyncio.create_task(pipeline.serve(store, worker_id, settings), name=pipeline.pipeline_id)] = pipeline
+            serving = pipeline.serve(store, worker_id, settings, supervisor)
+            tasks[asyncio.create_task(serving, name=pipeline.pipeline_id)] = pipeline
         if self.job_worker is not None:
             worker_settings = settings.replace(shutdown_timeout=self.graceful_shutdown_timeout)
-            tasks[asyncio.create_task(self.job_worker.serve(store, worker_settings), name="jobs")] = self.job_worker
+            serving = self.job_worker.serve(store, worker_settings, supervisor)
+            tasks[asyncio.create_task(serving, name="jobs")] = self.job_worker
         if self.health_port is not None:
             self.health = HealthServer(self.health_port, self._live, self._ready)
             await self.health.start()

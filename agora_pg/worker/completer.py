@@ -1,4 +1,13 @@
-"""Records the outcome of finished attempts, many per statement."""
+"""Records the outcomes of finished attempts, many per statement.
+
+The one door every attempt leaves by: ``add(attempt, outcome)``. Successes are
+written in one statement, every other outcome in another (``FINISH_JOBS``), each
+fenced on the attempt. An outcome is kept, and its lease renewed, until it is
+written; then its lease token is released. A statement that fails on its data
+(which ``outcomes`` makes all but impossible) is split, and an outcome that still
+cannot be stored is written in a minimal form, so one bad outcome never loses the
+others or stops the worker.
+"""
 
 from __future__ import annotations
 
@@ -7,53 +16,47 @@ import dataclasses
 import logging
 import random
 
+from agora_pg.db.job_rows import JobFinish
 from agora_pg.db.store import Store
-from agora_pg.jobs import Job
-from agora_pg.retry import BackoffPolicy, decide, describe_error
+from agora_pg.errors import DatabaseUnavailable
+from agora_pg.outcomes import MAX_ERROR_MESSAGE, Outcome, OutcomeKind, storable_text
+from agora_pg.retry import BackoffPolicy, decide
+from agora_pg.runtime.leases import LeaseSupervisor
+from agora_pg.settings import Settings
+from agora_pg.worker.attempts import Attempt
 
 log = logging.getLogger("agora_pg.worker")
 
 
 @dataclasses.dataclass(frozen=True)
-class Outcome:
-    """How one attempt ended: ``error`` is None on success."""
-
-    job: Job
-    error: BaseException | None = None
-
-
-@dataclasses.dataclass(frozen=True)
 class FlushResult:
-    succeeded: int
-    failed: int
+    written: int
     superseded: list[int]  # job ids whose attempt had been taken over meanwhile
 
 
 class Completer:
-    """Collects outcomes from handler tasks and writes them in batches.
-
-    Each flush writes all successes in one statement and all failures in
-    another, each with its ``agora.runs`` rows, fenced on the attempt.
-    """
+    """Collects outcomes from attempts and writes them in batches."""
 
     def __init__(
         self,
         store: Store,
         worker_id: str,
-        default_max_retries: int,
-        backoff: BackoffPolicy,
+        settings: Settings,
+        supervisor: LeaseSupervisor | None,
         rng: random.Random,
     ) -> None:
         self._store = store
         self._worker_id = worker_id
-        self._default_max_retries = default_max_retries
-        self._backoff = backoff
+        self._default_max_retries = settings.max_retries
+        self._max_lost_attempts = settings.max_lost_attempts
+        self._backoff = BackoffPolicy(settings.retry_backoff_seconds, settings.retry_backoff_max_seconds)
+        self._supervisor = supervisor
         self._rng = rng
-        self._pending: list[Outcome] = []
+        self._pending: list[tuple[Attempt, Outcome]] = []
         self.has_pending = asyncio.Event()
 
-    def add(self, outcome: Outcome) -> None:
-        self._pending.append(outcome)
+    def add(self, attempt: Attempt, outcome: Outcome) -> None:
+        self._pending.append((attempt, outcome))
         self.has_pending.set()
 
     @property
@@ -61,35 +64,89 @@ class Completer:
         return len(self._pending)
 
     async def flush_once(self) -> FlushResult:
-        """Write every outcome collected so far. On a database error the
+        """Write every outcome collected so far. On ``DatabaseUnavailable`` the unwritten
         outcomes are kept for the next flush and the error propagates."""
         batch, self._pending = self._pending, []
         self.has_pending.clear()
-        successes = [(o.job.id, o.job.attempt) for o in batch if o.error is None]
-        failures = [self._failure_row(o.job, o.error) for o in batch if o.error is not None]
-        written: set[int] = set()
-        unwritten = batch
         try:
-            if successes:
-                written |= await self._store.complete_succeeded(successes, self._worker_id)
-                unwritten = [o for o in batch if o.error is not None]
-            if failures:
-                written |= await self._store.complete_failed(
-                    failures, self._worker_id, self._default_max_retries
-                )
-                unwritten = []
-        except BaseException:
-            # Keep what was not written for the next flush; fencing makes a repeat harmless.
-            self._pending = unwritten + self._pending
-            self.has_pending.set()
+            written = await self._write(batch)
+        except asyncio.CancelledError:  # (a deadline at shutdown): nothing is lost
+            self._keep(batch)
             raise
-        superseded = [o.job.id for o in batch if o.job.id not in written]
-        for job_id in superseded:
-            log.warning("job %s: attempt was taken over by another worker; outcome not recorded", job_id)
-        return FlushResult(len(successes), len(failures), superseded)
+        except Exception as error:
+            if isinstance(error, DatabaseUnavailable):
+                self._keep(batch)
+                raise
+            log.error("recording %d outcome(s) failed (%s: %s); recording them one by one",
+                      len(batch), type(error).__name__, error)
+            written = set()
+            for index, entry in enumerate(batch):
+                try:
+                    written |= await self._write_alone(entry)
+                except (DatabaseUnavailable, asyncio.CancelledError):
+                    self._keep(batch[index:])
+                    self._settle(batch[:index], written)
+                    raise
+        return self._settle(batch, written)
 
-    def _failure_row(self, job: Job, error: BaseException) -> tuple[int, int, str, str, float]:
-        max_retries = job.max_retries if job.max_retries is not None else self._default_max_retries
-        decision = decide(job.retry_count + 1, max_retries, error, self._backoff, self._rng)
-        error_type, message = describe_error(error)
-        return (job.id, job.attempt, error_type, message, decision.delay_seconds if decision else 0.0)
+    def _keep(self, entries: list[tuple[Attempt, Outcome]]) -> None:
+        self._pending = entries + self._pending
+        self.has_pending.set()
+
+    def _settle(self, entries: list[tuple[Attempt, Outcome]], written: set[int]) -> FlushResult:
+        superseded = []
+        for attempt, _outcome in entries:
+            if self._supervisor is not None:
+                self._supervisor.release(attempt.token)
+            if attempt.job.id not in written:
+                superseded.append(attempt.job.id)
+                log.warning("%s: the attempt was taken over by another worker; its outcome is not recorded",
+                            attempt.description)
+        return FlushResult(len(entries) - len(superseded), superseded)
+
+    async def _write(self, entries: list[tuple[Attempt, Outcome]]) -> set[int]:
+        successes = [(a.job.id, a.job.attempt) for a, o in entries if o.kind is OutcomeKind.SUCCEEDED]
+        others = [self._finish_row(a, o) for a, o in entries if o.kind is not OutcomeKind.SUCCEEDED]
+        written: set[int] = set()
+        if successes:
+            written |= await self._store.complete_succeeded(successes, self._worker_id)
+        if others:
+            written |= await self._store.finish_jobs(
+                others, self._worker_id, self._max_lost_attempts, self._default_max_retries
+            )
+        return written
+
+    async def _write_alone(self, entry: tuple[Attempt, Outcome]) -> set[int]:
+        attempt, outcome = entry
+        try:
+            return await self._write([entry])
+        except DatabaseUnavailable:
+            raise
+        except Exception as error:
+            message = storable_text(
+                f"OutcomeNotStorable: the attempt's outcome ({outcome.kind.value}, {outcome.error_type}) "
+                f"could not be stored: {type(error).__name__}", MAX_ERROR_MESSAGE,
+            )
+            log.error("%s: %s", attempt.description, message)
+            kind = OutcomeKind.FAILED if outcome.kind is OutcomeKind.SUCCEEDED else outcome.kind
+            minimal = Outcome(kind, "OutcomeNotStorable", message)
+            try:
+                return await self._write([(attempt, minimal)])
+            except DatabaseUnavailable:
+                raise
+            except Exception:
+                log.exception("%s: even a minimal outcome could not be stored; its lease will expire",
+                              attempt.description)
+                return set()
+
+    def _finish_row(self, attempt: Attempt, outcome: Outcome) -> JobFinish:
+        job = attempt.job
+        delay, final = 0.0, outcome.final
+        if outcome.kind is OutcomeKind.FAILED and not final:
+            max_retries = job.max_retries if job.max_retries is not None else self._default_max_retries
+            decision = decide(job.retry_count + 1, max_retries, self._backoff, self._rng, outcome.retry_after)
+            delay = decision.delay_seconds if decision is not None else 0.0
+        return JobFinish(
+            job_id=job.id, attempt=job.attempt, kind=outcome.kind.value, error_type=outcome.error_type,
+            error_message=outcome.error_message, traceback=outcome.traceback, delay_seconds=delay, final=final,
+        )

@@ -13,16 +13,19 @@ BATCH = 1000
 
 
 class JobRescuer:
-    """``run_once()`` rescues every expired lease and returns the job ids."""
+    """``run_once()`` rescues every expired lease and returns the job ids. A rescued
+    attempt counts as lost (``lost_count``), not failed: the job is due again at once,
+    until ``max_lost_attempts`` lost attempts fail it."""
 
-    def __init__(self, store: Store, default_max_retries: int) -> None:
+    def __init__(self, store: Store, max_lost_attempts: int, default_max_retries: int) -> None:
         self._store = store
+        self._max_lost_attempts = max_lost_attempts
         self._default_max_retries = default_max_retries
 
     async def run_once(self) -> list[int]:
         rescued: list[int] = []
         while True:
-            batch = await self._store.rescue_expired(self._default_max_retries, BATCH)
+            batch = await self._store.rescue_expired(self._max_lost_attempts, self._default_max_retries, BATCH)
             rescued.extend(batch)
             if len(batch) < BATCH:
                 break

@@ -1,8 +1,10 @@
 """The job worker: claims due jobs, runs their handlers, records outcomes.
 
 Side services run beside the claim loop and stop with it: the completer
-(writes outcomes), the heartbeat (keeps leases alive), the job rescuer (takes
-back jobs of lost workers) and the listener (LISTEN for new jobs).
+(writes outcomes), the job rescuer (takes back jobs of lost workers) and the
+listener (LISTEN for new jobs and for cancels of running ones). Leases are
+renewed by the process's ``LeaseSupervisor``, which also stops attempts whose
+lease is lost or cannot be renewed.
 """
 
 from __future__ import annotations
@@ -13,58 +15,44 @@ import logging
 import os
 import random
 import socket
-import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any
+from typing import Any, TypeVar
 
+from agora_pg.db import queries
 from agora_pg.db.connect import resolve_database
-from agora_pg.db.migrate import head_revisions
-from agora_pg.db.store import Store
-from agora_pg.errors import DatabaseUnavailable, SchemaNotReady
+from agora_pg.db.store import NOTIFY_CHANNEL, Store
+from agora_pg.errors import DatabaseUnavailable
 from agora_pg.jobs import Job
 from agora_pg.lifecycle import shutdown_signals, wait_for_event, wait_tasks_or_event
-from agora_pg.retry import BackoffPolicy
+from agora_pg.outcomes import Outcome, StopReason
+from agora_pg.runtime.database_calls import listen_until, retry_database
+from agora_pg.runtime.leases import LeaseSupervisor, LeaseToken
+from agora_pg.runtime.process import ErrorWait, check_schema, new_worker_id
 from agora_pg.settings import Settings, load_settings
-from agora_pg.worker.completer import Completer, Outcome
-from agora_pg.worker.dispatch import Handler, run_handler
+from agora_pg.worker.attempts import Attempt, run_attempt
+from agora_pg.worker.completer import Completer
+from agora_pg.worker.handlers import Handler, Handlers, KindOptions
 from agora_pg.worker.job_rescuer import JobRescuer
 
 log = logging.getLogger("agora_pg.worker")
 
 Lifespan = Callable[[], AbstractAsyncContextManager[Any]]
+T = TypeVar("T")
 
-
-class ErrorWait:
-    """A pause between retries of a failing database call that doubles up to 10 s."""
-
-    MAX_SECONDS = 10.0
-
-    def __init__(self, first_seconds: float) -> None:
-        self._first = first_seconds
-        self._current = first_seconds
-
-    def next(self) -> float:
-        wait = self._current
-        self._current = min(self._current * 2, self.MAX_SECONDS)
-        return wait
-
-    def reset(self) -> None:
-        self._current = self._first
-
-
-def new_worker_id() -> str:
-    """Unique per process start: host and pid for people, a random part for uniqueness."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+ABORT_STEP_SECONDS = 1.0  # after a second signal, each remaining database step gets this long
 
 
 class Worker:
     """Runs jobs from ``agora.jobs``: ``HANDLERS[job.kind](job, resources)``.
 
-    A Worker instance runs once: after ``run()`` returns, build a new one.
-    ``resources`` is handed to every handler as is; or give ``lifespan``, a
-    function returning an async context manager whose value becomes the
-    resources for the worker's lifetime (open clients at start, close at stop).
+    ``handlers`` is a dict of kind to handler, or a ``Handlers`` table (which also
+    carries per-kind timeouts and non-retryable errors). A Worker instance runs
+    once: after ``run()`` returns, build a new one. ``resources`` is handed to every
+    handler as is; or give ``lifespan``, a function returning an async context
+    manager whose value becomes the resources for the worker's lifetime (open
+    clients at start, close at stop).
     """
 
     def __init__(
@@ -78,6 +66,7 @@ class Worker:
         if resources is not None and lifespan is not None:
             raise ValueError("give resources or lifespan, not both")
         self.handlers = dict(handlers)
+        self.kind_options = {kind: handlers.options(kind) for kind in handlers} if isinstance(handlers, Handlers) else {}
         self.resources = resources
         self.lifespan = lifespan
         self.settings = settings
@@ -114,17 +103,28 @@ class Worker:
         settings = self.effective_settings()
         with shutdown_signals(self.stop, self.abort) if handle_signals else contextlib.nullcontext():
             async with resolve_database(settings) as database:
-                store = Store.open(database, pool_size=4)
+                store = Store.open(database, pool_size=4, timeout=settings.database_timeout)
                 try:
                     await check_schema(store)
                     await self.serve(store, settings)
                 finally:
                     await store.close()
 
-    async def serve(self, store: Store, settings: Settings) -> None:
-        """Run on an open Store (as a ``WorkerPool`` does) until stopped."""
-        async with self._resources() as resources:
-            await _WorkerRun(self, store, settings, resources).serve()
+    async def serve(self, store: Store, settings: Settings, supervisor: LeaseSupervisor | None = None) -> None:
+        """Run on an open Store (as a ``WorkerPool`` does) until stopped; leases are renewed
+        by ``supervisor`` (the pool's), else by a supervisor of the worker's own."""
+        own = supervisor is None
+        if supervisor is None:
+            supervisor = LeaseSupervisor(
+                store.database, self.id, settings.lease_seconds, database_timeout=settings.database_timeout
+            )
+            supervisor.start()
+        try:
+            async with self._resources() as resources:
+                await _WorkerRun(self, store, settings, resources, supervisor).serve()
+        finally:
+            if own:
+                await supervisor.stop()
 
     @contextlib.asynccontextmanager
     async def _resources(self) -> AsyncIterator[Any]:
@@ -135,52 +135,45 @@ class Worker:
             yield resources
 
 
-async def check_schema(store: Store) -> None:
-    """Raise ``SchemaNotReady`` unless the database is migrated to head."""
-    applied = await store.schema_versions()
-    head = head_revisions()
-    if applied != head:
-        state = "not migrated" if not applied else f"at {', '.join(sorted(applied))}"
-        raise SchemaNotReady(
-            f"the agora schema is {state}, expected {', '.join(sorted(head))}: "
-            "run `agora-pg migrate` first"
-        )
-
-
 class _WorkerRun:
     """One run of a Worker: its claim loop and side services."""
 
-    def __init__(self, worker: Worker, store: Store, settings: Settings, resources: Any) -> None:
+    def __init__(
+        self, worker: Worker, store: Store, settings: Settings, resources: Any, supervisor: LeaseSupervisor
+    ) -> None:
         self.worker = worker
         self.store = store
         self.settings = settings
         self.resources = resources
-        self.completer = Completer(
-            store,
-            worker.id,
-            settings.max_retries,
-            BackoffPolicy(settings.retry_backoff_seconds, settings.retry_backoff_max_seconds),
-            random.Random(),
-        )
-        self.rescuer = JobRescuer(store, settings.max_retries)
-        self.running: dict[int, tuple[Job, asyncio.Task[None]]] = {}
+        self.supervisor = supervisor
+        self.completer = Completer(store, worker.id, settings, supervisor, random.Random())
+        self.rescuer = JobRescuer(store, settings.max_lost_attempts, settings.max_retries)
+        self.running: dict[LeaseToken, Attempt] = {}  # by (job id, attempt): a job may come back
         self.side_tasks: list[asyncio.Task[None]] = []
         self.side_stop = asyncio.Event()
+        self.claim_unsure_until = 0.0  # a claim's reply was lost: look for jobs held unknowingly
 
     async def serve(self) -> None:
         worker, settings = self.worker, self.settings
-        await self.store.register_worker(worker.id, socket.gethostname(), os.getpid(), settings.queues)
+        await retry_database(
+            lambda: self.store.register_worker(worker.id, socket.gethostname(), os.getpid(), settings.queues),
+            what="registering the worker", stop=worker._stopping,
+        )
         log.info(
             "worker %s started: queues=%s concurrency=%d notifications=%s",
             worker.id, ",".join(settings.queues), settings.concurrency,
             "on" if settings.notifications else "off",
         )
         self._start_side(self._completer_loop(), "completer")
-        self._start_side(self._every(settings.lease_seconds / 3, self._heartbeat), "heartbeat")
         rescue_interval = min(max(settings.lease_seconds / 10, 0.5), 5.0)
-        self._start_side(self._every(rescue_interval, self.rescuer.run_once), "job_rescuer")
+        self._start_side(self._every(rescue_interval, self.rescuer.run_once, "rescuing jobs of lost workers"),
+                         "job_rescuer")
         if settings.notifications:
-            self._start_side(self._listen_loop(), "listener")
+            channels = {NOTIFY_CHANNEL: self._on_enqueue, queries.CANCEL_CHANNEL: self._on_cancel}
+            self._start_side(
+                listen_until(self.store, channels, self.side_stop, worker._wakeup.set, "LISTEN for new jobs"),
+                "listener",
+            )
         try:
             await self._claim_loop()
         finally:
@@ -190,40 +183,97 @@ class _WorkerRun:
 
     async def _claim_loop(self) -> None:
         worker, settings = self.worker, self.settings
-        error_wait = ErrorWait(0.5)
+        pause = ErrorWait(0.5)
         while not worker._stopping.is_set():
             worker._wakeup.clear()
-            free = settings.concurrency - len(self.running)
-            if free > 0:
-                try:
-                    jobs = await self.store.claim_jobs(settings.queues, free, worker.id, settings.lease_seconds)
-                except DatabaseUnavailable as error:
-                    wait = error_wait.next()
-                    log.warning("claiming failed, retrying in %.1fs: %s", wait, error)
-                    await wait_for_event(worker._stopping, wait)
-                    continue
-                error_wait.reset()
-                for job in jobs:
-                    task = asyncio.create_task(self._run_job(job), name=f"job-{job.id}")
-                    self.running[job.id] = (job, task)
-                if len(jobs) == free:
-                    await asyncio.sleep(0)  # let finished handlers free their slots, then claim again
-                    continue
+            try:
+                if time.monotonic() < self.claim_unsure_until:
+                    await self._adopt_unknown()
+                free = settings.concurrency - len(self.running)
+                if free > 0:
+                    claimed_at = time.monotonic()
+                    jobs = await self._unless_stopping(
+                        self.store.claim_jobs(settings.queues, free, worker.id, settings.lease_seconds)
+                    )
+                    pause.reset()
+                    self._start(jobs, claimed_at)
+                    if len(jobs) == free:
+                        await asyncio.sleep(0)  # let finished handlers free their slots, then claim again
+                        continue
+            except _Stopping:
+                return
+            except Exception as error:  # the claim loop never ends on an error: it waits and looks again
+                wait = pause.next()
+                if isinstance(error, DatabaseUnavailable):
+                    self.claim_unsure_until = time.monotonic() + settings.lease_seconds
+                    log.warning("claiming jobs: %s; retrying in %.1fs", error, wait)
+                else:
+                    log.exception("claiming jobs failed; retrying in %.1fs", wait)
+                await wait_for_event(worker._stopping, wait)
+                continue
             await wait_for_event(worker._wakeup, settings.poll_seconds)
 
-    async def _run_job(self, job: Job) -> None:
+    async def _unless_stopping(self, call: Coroutine[Any, Any, T]) -> T:
+        """Await ``call`` unless the worker stops first (a claim then counts as unsure)."""
+        task = asyncio.ensure_future(call)
+        stopper = asyncio.ensure_future(self.worker._stopping.wait())
         try:
-            await run_handler(self.worker.handlers, job, self.resources)
-        except asyncio.CancelledError:
-            return  # released by _shutdown
-        except Exception as error:
-            log.info("job %s (%s) failed: %s: %s", job.id, job.kind, type(error).__name__, error)
-            self.completer.add(Outcome(job, error))
-        else:
-            self.completer.add(Outcome(job))
+            await asyncio.wait((task, stopper), return_when=asyncio.FIRST_COMPLETED)
         finally:
-            self.running.pop(job.id, None)
+            stopper.cancel()
+        if not task.done():
+            task.cancel()
+            self.claim_unsure_until = time.monotonic() + self.settings.lease_seconds
+            raise _Stopping()
+        return task.result()
+
+    async def _adopt_unknown(self) -> None:
+        """Run the jobs this worker holds without knowing it: a claim that committed but
+        whose reply was lost (or arrived after the call gave up)."""
+        claimed_at = time.monotonic()
+        jobs = await self.store.adopt_unknown_jobs(self.worker.id, self._held_job_ids(), self.settings.lease_seconds)
+        if jobs:
+            log.warning("found %d job(s) claimed by a call whose reply was lost; running them: %s",
+                        len(jobs), [job.id for job in jobs])
+            self._start(jobs, claimed_at)
+
+    def _held_job_ids(self) -> list[int]:
+        """The jobs this worker knows it holds: running, or finished with the outcome not yet recorded."""
+        return sorted({int(token.key) for token in self.supervisor.held_tokens() if token.resource == "job"})
+
+    def _start(self, jobs: Iterable[Job], claimed_at: float) -> None:
+        for job in jobs:
+            token = LeaseToken.job(job.id, job.attempt)
+            options = self.worker.kind_options.get(job.kind, KindOptions())
+            timeout = job.timeout_seconds or options.timeout or self.settings.job_timeout
+            attempt = Attempt(job, token, self.worker.handlers.get(job.kind), options, timeout,
+                              known_kinds=tuple(self.worker.handlers))
+            self.supervisor.hold(token, attempt.stop, claimed_at)
+            attempt.task = asyncio.create_task(self._run(attempt), name=f"job-{job.id}")
+            self.supervisor.attach(token, attempt.task, attempt.description)
+            self.running[token] = attempt
+
+    async def _run(self, attempt: Attempt) -> Outcome | None:
+        try:
+            outcome = await run_attempt(attempt, self.resources)
+            if outcome is not None:
+                if outcome.traceback is not None:
+                    log.warning("%s failed: %s\n%s", attempt.description, outcome.error_message, outcome.traceback)
+                self.completer.add(attempt, outcome)
+            return outcome
+        finally:
+            if not attempt.in_thread:
+                self.running.pop(attempt.token, None)
             self.worker._wakeup.set()
+
+    def _on_enqueue(self, queue: str) -> None:
+        if queue in self.settings.queues:
+            self.worker._wakeup.set()
+
+    def _on_cancel(self, payload: str) -> None:
+        for attempt in list(self.running.values()):
+            if str(attempt.job.id) == payload:
+                attempt.stop(StopReason.CANCEL_REQUESTED)
 
     # -- side services ---------------------------------------------------------
 
@@ -238,19 +288,18 @@ class _WorkerRun:
         log.error("%s crashed; stopping the worker", task.get_name(), exc_info=task.exception())
         self.worker.stop()
 
-    async def _every(self, interval: float, action: Callable[[], Coroutine[Any, Any, Any]]) -> None:
+    async def _every(self, interval: float, action: Callable[[], Coroutine[Any, Any, Any]], what: str) -> None:
         while not self.side_stop.is_set():
             try:
                 await action()
             except DatabaseUnavailable as error:
-                log.warning("%s: %s", getattr(action, "__name__", "task"), error)
+                log.warning("%s: %s", what, error)
+            except Exception:  # a side service never ends on an error
+                log.exception("%s failed", what)
             await wait_for_event(self.side_stop, interval)
 
-    async def _heartbeat(self) -> None:
-        await self.store.heartbeat(self.worker.id, self.settings.lease_seconds)
-
     async def _completer_loop(self) -> None:
-        error_wait = ErrorWait(0.2)
+        pause = ErrorWait(0.2)
         while True:
             if not self.completer.pending_count:
                 if self.side_stop.is_set():
@@ -261,73 +310,75 @@ class _WorkerRun:
                 waiter.cancel()
                 stopper.cancel()
                 continue
+            if self.side_stop.is_set():
+                return  # the final flushes are the shutdown's
             try:
                 await self.completer.flush_once()
-                error_wait.reset()
+                pause.reset()
             except DatabaseUnavailable as error:
-                wait = error_wait.next()
-                log.warning("recording outcomes failed, retrying in %.1fs: %s", wait, error)
-                await asyncio.sleep(wait)
-
-    async def _listen_loop(self) -> None:
-        queues = set(self.settings.queues)
-        error_wait = ErrorWait(0.5)
-
-        def on_queue(queue: str) -> None:
-            if queue in queues:
-                self.worker._wakeup.set()
-
-        while not self.side_stop.is_set():
-            try:
-                listener = await self.store.listen(on_queue)
-            except DatabaseUnavailable as error:
-                wait = error_wait.next()
-                log.warning("LISTEN failed, polling meanwhile; retrying in %.1fs: %s", wait, error)
+                wait = pause.next()
+                log.warning("recording outcomes: %s; retrying in %.1fs", error, wait)
                 await wait_for_event(self.side_stop, wait)
-                continue
-            error_wait.reset()
-            self.worker._wakeup.set()  # jobs may have arrived while not listening
-            stopper = asyncio.create_task(self.side_stop.wait())
-            watched: list[asyncio.Future[Any]] = [stopper, listener.closed]
-            await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
-            stopper.cancel()
-            await listener.close()
 
     # -- shutdown ----------------------------------------------------------------
 
     async def _shutdown(self) -> None:
-        """Let running jobs finish within the grace period, release the rest,
-        record every outcome, then stop the side services."""
+        """Let running jobs finish within the grace period, stop the rest (a sync handler's
+        thread cannot be stopped: its job is left held), record every outcome, give back
+        jobs claimed but never started, then stop the side services. Every database step
+        is bounded; after a second signal, by ``ABORT_STEP_SECONDS``."""
         worker = self.worker
-        tasks = [task for _job, task in self.running.values()]
+        tasks = [attempt.task for attempt in self.running.values() if attempt.task is not None]
         if tasks and not worker._aborting.is_set():
             log.info("waiting up to %.0fs for %d running job(s)", self.settings.shutdown_timeout, len(tasks))
             await wait_tasks_or_event(tasks, worker._aborting, self.settings.shutdown_timeout)
-        unfinished = list(self.running.values())
-        for _job, task in unfinished:
-            task.cancel()
-        if unfinished:
-            await asyncio.gather(*(task for _job, task in unfinished), return_exceptions=True)
-        await self._drain_completer()
-        if unfinished:
-            attempts = [(job.id, job.attempt) for job, _task in unfinished]
-            try:
-                released = await self.store.release_jobs(attempts, worker.id)
-                log.warning("released %d unfinished job(s) back to pending: %s", len(released), sorted(released))
-            except DatabaseUnavailable as error:
-                log.error("could not release unfinished jobs (their lease will expire): %s", error)
+        for attempt in list(self.running.values()):
+            attempt.stop(StopReason.SHUTDOWN)
+        if tasks:
+            await asyncio.wait(tasks, timeout=5)
         self.side_stop.set()
         await asyncio.gather(*self.side_tasks, return_exceptions=True)
-        with contextlib.suppress(DatabaseUnavailable):
-            await self.store.stop_worker(worker.id)
+        await self._drain_completer()
+        left = [attempt for attempt in self.running.values() if attempt.in_thread]
+        await self._bounded(
+            self.store.release_unstarted_jobs(worker.id, self._held_job_ids()),
+            "giving back jobs claimed but not started",
+        )
+        for attempt in left:
+            log.warning("%s is still running in its thread: left as it is, not released; once this "
+                        "process exits its lease expires and the job is rescued", attempt.description)
+        await self._bounded(self.store.stop_worker(worker.id), "recording the worker's stop")
         log.info("worker %s stopped", worker.id)
 
+    async def _bounded(self, call: Coroutine[Any, Any, Any], what: str) -> None:
+        seconds = ABORT_STEP_SECONDS if self.worker._aborting.is_set() else self.settings.database_timeout
+        try:
+            await asyncio.wait_for(call, seconds)
+        except (DatabaseUnavailable, TimeoutError) as error:
+            log.warning("%s at shutdown: %s", what, error or "no answer in time")
+        except Exception:
+            log.exception("%s at shutdown failed", what)
+
     async def _drain_completer(self) -> None:
-        """Flush outcomes until none are left (bounded: leases expire anyway)."""
-        deadline = asyncio.get_running_loop().time() + max(self.settings.lease_seconds, 5.0)
-        while self.completer.pending_count and asyncio.get_running_loop().time() < deadline:
+        """Flush outcomes until none are left, within the lease (or a second after a second
+        signal): unrecorded attempts keep their lease until then, then expire."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(self.settings.lease_seconds, 5.0)
+        while self.completer.pending_count:
+            limit = ABORT_STEP_SECONDS if self.worker._aborting.is_set() else deadline - loop.time()
+            if limit <= 0:
+                break
             try:
-                await self.completer.flush_once()
-            except DatabaseUnavailable as error:
-                log.warning("recording outcomes at shutdown failed: %s", error)
+                await asyncio.wait_for(self.completer.flush_once(), limit)
+            except (DatabaseUnavailable, TimeoutError) as error:
+                log.warning("recording outcomes at shutdown: %s", error or "no answer in time")
+                if self.worker._aborting.is_set():
+                    break
                 await asyncio.sleep(0.5)
+        if self.completer.pending_count:
+            log.error("%d outcome(s) could not be recorded; their leases will expire and the jobs "
+                      "will be rescued", self.completer.pending_count)
+
+
+class _Stopping(Exception):
+    """The worker stopped while a claim was in flight."""

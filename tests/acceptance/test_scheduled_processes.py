@@ -87,9 +87,16 @@ async def test_a_killed_worker_is_replaced_after_the_lease_expires(
     os.kill(doomed.pid, signal.SIGKILL)
     doomed.wait(timeout=10)
     killed_at = time.monotonic()
-    replacement = start_pool(processes, database_url, PIPELINE_SCHEDULE="hourly", PIPELINE_SLEEP="0")
-    await eventually(lambda: _statuses_are(database_url, ["abandoned", "succeeded"]), 30, "the replacement run")
+    replacement = start_pool(processes, database_url, PIPELINE_SCHEDULE="hourly", PIPELINE_SLEEP="0",
+                             PIPELINE_BACKOFF="0.5")
+    try:
+        await eventually(lambda: _statuses_are(database_url, ["abandoned", "succeeded"]), 30, "the replacement run")
+    except AssertionError:
+        print(stop(replacement)[1])
+        raise
     assert time.monotonic() - killed_at >= 1.0  # not before the 2 s lease ran out (minus start-up)
+    [abandoned] = await fetch(database_url, "SELECT error_type FROM agora.runs WHERE status = 'abandoned'")
+    assert abandoned["error_type"] == "WorkerLost"  # counted as a failed run (backoff), then reset by the success
     code, output = stop(replacement)
     assert code == 0, output
 

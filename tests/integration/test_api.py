@@ -12,6 +12,8 @@ from litestar.testing import AsyncTestClient
 from agora_pg.api import create_app
 from agora_pg.db.schedule_rows import ScheduleRegistration
 from agora_pg.db.store import Store
+
+from .helpers import record_failure
 from agora_pg.settings import Settings
 
 TOKEN = "s3cret-token-0123456789"
@@ -35,7 +37,7 @@ async def _finish(store: Store, job_id: int, *, fail: bool) -> None:
     [claimed] = await store.claim_jobs(["default"], 1, "w1", 30)
     assert claimed.id == job_id
     if fail:
-        await store.complete_failed([(job_id, claimed.attempt, "ValueError", "boom", 0.0)], "w1", 3)
+        await record_failure(store, job_id, claimed.attempt, "w1", "boom")
     else:
         await store.complete_succeeded([(job_id, claimed.attempt)], "w1")
 
@@ -168,14 +170,21 @@ async def test_cancel_pending_then_retry_cancelled(client: httpx.AsyncClient) ->
     assert retried.status_code == 200 and retried.json()["status"] == "pending"
 
 
-async def test_cancel_running_and_retry_done_are_409(client: httpx.AsyncClient, store: Store) -> None:
+async def test_cancel_of_a_running_job_asks_its_worker_and_done_jobs_are_409(
+    client: httpx.AsyncClient, store: Store
+) -> None:
     job = (await client.post("/jobs", json={"kind": "k"})).json()
     [claimed] = await store.claim_jobs(["default"], 1, "w1", 30)
     response = await client.post(f"/jobs/{job['id']}/cancel")
-    assert response.status_code == 409 and "processing" in response.json()["detail"]
-    await store.complete_succeeded([(claimed.id, claimed.attempt)], "w1")
-    response = await client.post(f"/jobs/{job['id']}/retry")
-    assert response.status_code == 409 and "done" in response.json()["detail"]
+    assert response.status_code == 200, response.text
+    asked = response.json()
+    assert asked["status"] == "processing" and asked["cancel_requested_at"] is not None
+    renewal = await store.renew_leases("w1", 30, [(claimed.id, claimed.attempt)], [])
+    assert renewal.cancel_jobs == {claimed.id}  # the worker's fallback when the NOTIFY is missed
+    await store.complete_succeeded([(claimed.id, claimed.attempt)], "w1")  # it finished first
+    for action in ("retry", "cancel"):
+        response = await client.post(f"/jobs/{job['id']}/{action}")
+        assert response.status_code == 409 and "done" in response.json()["detail"]
 
 
 async def test_retry_failed_job_runs_again(client: httpx.AsyncClient, store: Store) -> None:

@@ -66,12 +66,17 @@ async def test_cancel_a_pending_job(queue: Queue, store: Store) -> None:
     assert await store.claim_jobs(["default"], 10, "w", 30) == []
 
 
-async def test_cancel_refuses_running_and_finished_jobs(queue: Queue, store: Store) -> None:
+async def test_cancel_marks_a_running_job_and_refuses_a_finished_one(queue: Queue, store: Store) -> None:
     job = await queue.enqueue("k")
-    await store.claim_jobs(["default"], 1, "w", 30)
+    [claimed] = await store.claim_jobs(["default"], 1, "w", 30)
+    asked = await queue.cancel(job.id)
+    assert asked.status.value == "processing" and asked.cancel_requested_at is not None
+    again = await queue.cancel(job.id)  # asking twice keeps the first request's time
+    assert again.cancel_requested_at == asked.cancel_requested_at
+    await store.complete_succeeded([(claimed.id, claimed.attempt)], "w")
     with pytest.raises(InvalidTransition) as caught:
         await queue.cancel(job.id)
-    assert (caught.value.from_status, caught.value.to_status) == ("processing", "cancelled")
+    assert (caught.value.from_status, caught.value.to_status) == ("done", "cancelled")
     with pytest.raises(JobNotFound):
         await queue.cancel(999_999)
 

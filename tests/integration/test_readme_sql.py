@@ -6,6 +6,8 @@ from pathlib import Path
 from agora_pg import JobSpec, Queue
 from agora_pg.db.store import Store
 
+from .helpers import record_failure
+
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
@@ -22,7 +24,7 @@ async def test_readme_history_queries_run_on_real_history(queue: Queue, store: S
     await store.register_worker("w1", "host", 1, ["default"])
     claimed = await store.claim_jobs(["default"], 3, "w1", 30)
     await store.complete_succeeded([(claimed[0].id, claimed[0].attempt)], "w1")
-    await store.complete_failed([(claimed[1].id, claimed[1].attempt, "ValueError", "ValueError: x", 0.0)], "w1", 3)
+    await record_failure(store, claimed[1].id, claimed[1].attempt, "w1", "ValueError: x")
     async with store.connection() as connection:
         await connection.execute(
             "INSERT INTO agora.schedules (pipeline_id, schedule_kind, schedule_spec, next_run_at, consecutive_errors) "

@@ -196,16 +196,25 @@ async def test_missed_cron_ticks_run_once_not_once_per_tick(store: Store, settin
     assert row.next_run_at > datetime.now(UTC)
 
 
-async def test_lost_lease_is_taken_over_and_the_late_finish_is_fenced(store: Store) -> None:
+async def test_lost_lease_is_taken_over_as_a_failed_run_and_the_late_finish_is_fenced(store: Store) -> None:
     spec = Schedule.every(seconds=1).spec
     from agora_pg.db.schedule_rows import RunFinish, ScheduleRegistration
 
-    await store.upsert_schedule(ScheduleRegistration("p", "every", spec, datetime.now(UTC), 60, 10))
+    await store.upsert_schedule(ScheduleRegistration("p", "every", spec, None, 60, 10))
     first = await store.claim_pipeline_run("p", spec, "ghost", 30)
     assert first is not None
     assert await store.claim_pipeline_run("p", spec, "other", 30) is None  # leased: no overlap
     async with store.connection() as connection:
         await connection.execute("UPDATE agora.schedules SET lease_expires_at = now() - interval '1 second'")
+    assert await store.claim_pipeline_run("p", spec, "other", 30) is None  # an expired lease is rescued first
+    rescued = await store.rescue_pipeline_run("p")
+    assert rescued is not None and rescued.lease_owner is None
+    assert (rescued.consecutive_errors, rescued.last_status, rescued.state) == (1, "abandoned", "active")
+    assert rescued.last_error is not None and rescued.last_error.startswith("WorkerLost: worker ghost")
+    assert rescued.next_run_at is not None and rescued.next_run_at > datetime.now(UTC) + timedelta(seconds=50)
+    assert await store.rescue_pipeline_run("p") is None  # nothing left to take over
+    async with store.connection() as connection:
+        await connection.execute("UPDATE agora.schedules SET next_run_at = now()")
     second = await store.claim_pipeline_run("p", spec, "other", 30)
     assert second is not None and second.run_id != first.run_id
     assert second.scheduled_for > first.scheduled_for

@@ -12,8 +12,11 @@ import pytest
 
 from agora_pg import Job, JobStatus, Queue, Retry, SchemaNotReady, Settings, Worker
 from agora_pg.db.store import Store
-from agora_pg.retry import BackoffPolicy
-from agora_pg.worker.completer import Completer, Outcome
+from agora_pg.outcomes import outcome_of
+from agora_pg.runtime.leases import LeaseToken
+from agora_pg.worker.attempts import Attempt
+from agora_pg.worker.completer import Completer
+from agora_pg.worker.handlers import KindOptions
 from agora_pg.worker.job_rescuer import JobRescuer
 
 from .helpers import running, wait_until
@@ -55,13 +58,19 @@ async def _is(store: Store, job_id: int, status: JobStatus) -> bool:
     return await job_status(store, job_id) is status
 
 
-async def test_retries_to_exhaustion_step_by_step(queue: Queue, store: Store) -> None:
-    completer = Completer(store, "w", 3, BackoffPolicy(base_seconds=10, jitter=0), random.Random(0))
+def attempt_of(job: Job) -> Attempt:
+    """A claimed job as the worker holds it, with no handler."""
+    return Attempt(job, LeaseToken.job(job.id, job.attempt), None, KindOptions(), None)
+
+
+async def test_retries_to_exhaustion_step_by_step(queue: Queue, store: Store, settings: Settings) -> None:
+    policy = settings.replace(retry_backoff_seconds=10)
+    completer = Completer(store, "w", policy, None, random.Random(0))
     job = await queue.enqueue("k", max_retries=3)
     for failure in (1, 2, 3):
         [claimed] = await store.claim_jobs(["default"], 1, "w", 30)
         assert claimed.id == job.id and claimed.attempt == failure
-        completer.add(Outcome(claimed, ValueError(f"bad input #{failure}")))
+        completer.add(attempt_of(claimed), outcome_of(ValueError(f"bad input #{failure}")))
         before = datetime.now(UTC)
         await completer.flush_once()
         after = await store.get_job(job.id)
@@ -70,7 +79,7 @@ async def test_retries_to_exhaustion_step_by_step(queue: Queue, store: Store) ->
         assert after.error_message == f"ValueError: bad input #{failure}"
         assert after.locked_by is None
         if failure < 3:
-            expected_delay = 10 * 2 ** (failure - 1)
+            expected_delay = 10 * 2 ** (failure - 1) / 2  # the backoff's jitter halves it at most
             assert after.run_at >= before + timedelta(seconds=expected_delay - 1)
             assert await store.claim_jobs(["default"], 1, "w", 30) == []  # not before its backoff
             async with store.connection() as connection:
@@ -157,7 +166,7 @@ async def _listening(store: Store) -> bool:
         return bool(
             await connection.fetchval(
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                "AND query LIKE 'LISTEN %agora_jobs%'"
+                "AND query LIKE 'LISTEN %'"
             )
         )
 
@@ -212,6 +221,7 @@ async def test_jobs_past_the_grace_period_are_released_uncounted(
     released = await store.get_job(job.id)
     assert (released.status, released.retry_count, released.locked_by) == (JobStatus.PENDING, 0, None)
     assert [run[:2] for run in await runs_of(store, job.id)] == [(1, "cancelled")]
+    assert released.lost_count == 1  # cut short at shutdown: counted apart from failures
     async with store.connection() as connection:
         assert await connection.fetchval("SELECT stopped_at IS NOT NULL FROM agora.workers WHERE id = $1", worker.id)
 
@@ -219,23 +229,24 @@ async def test_jobs_past_the_grace_period_are_released_uncounted(
 async def test_lost_worker_job_is_rescued_and_its_late_outcome_is_fenced(queue: Queue, store: Store) -> None:
     job = await queue.enqueue("k")
     [ghost_claim] = await store.claim_jobs(["default"], 1, "ghost", 30)
-    rescuer = JobRescuer(store, default_max_retries=3)
+    rescuer = JobRescuer(store, max_lost_attempts=3, default_max_retries=3)
     assert await rescuer.run_once() == []  # lease still valid
     async with store.connection() as connection:
         await connection.execute("UPDATE agora.jobs SET lease_expires_at = now() - interval '1 second'")
     assert await rescuer.run_once() == [job.id]
     rescued = await store.get_job(job.id)
-    assert (rescued.status, rescued.retry_count) == (JobStatus.FAILED, 1)
+    assert (rescued.status, rescued.retry_count, rescued.lost_count) == (JobStatus.PENDING, 0, 1)
     assert rescued.error_message is not None and rescued.error_message.startswith("WorkerLost: worker ghost")
     assert await runs_of(store, job.id) == [(1, "abandoned", rescued.error_message)]
     # the ghost's outcome cannot land on the rescued job either
     assert await store.complete_succeeded([(ghost_claim.id, ghost_claim.attempt)], "ghost") == set()
-    assert (await store.get_job(job.id)).status is JobStatus.FAILED
+    assert (await store.get_job(job.id)).status is JobStatus.PENDING
 
     [second_claim] = await store.claim_jobs(["default"], 1, "alive", 30)
     assert second_claim.attempt == 2
-    # the ghost wakes up: its heartbeat and its completion must change nothing
-    await store.heartbeat("ghost", 9999)
+    # the ghost wakes up: its renewal and its completion must change nothing
+    renewal = await store.renew_leases("ghost", 9999, [(ghost_claim.id, ghost_claim.attempt)], [])
+    assert renewal.lost_jobs == {job.id}
     assert await store.complete_succeeded([(ghost_claim.id, ghost_claim.attempt)], "ghost") == set()
     current = await store.get_job(job.id)
     assert (current.status, current.locked_by, current.attempt) == (JobStatus.PROCESSING, "alive", 2)
@@ -260,18 +271,21 @@ async def test_worker_refuses_an_unmigrated_database(fresh_db: str) -> None:
         await Worker({}, settings=Settings(database_url=fresh_db)).run(handle_signals=False)
 
 
-async def test_heartbeat_skips_rows_being_completed_instead_of_waiting(queue: Queue, store: Store, database_url: str) -> None:
+async def test_renewal_skips_rows_being_finished_instead_of_waiting(queue: Queue, store: Store) -> None:
     import asyncpg
 
     await queue.enqueue("k")
     [claimed] = await store.claim_jobs(["default"], 1, "w", 30)
+    token = [(claimed.id, claimed.attempt)]
     holder = await asyncpg.connect(store.database.asyncpg_url)
     try:
         async with holder.transaction():
             await holder.execute("SELECT 1 FROM agora.jobs WHERE id = $1 FOR UPDATE", claimed.id)
-            # the row is locked (as by a completion in flight): the heartbeat must not block on it
-            await asyncio.wait_for(store.heartbeat("w", 60), timeout=5)
+            # the row is locked (as by an outcome being written): the renewal must not block on
+            # it, nor call it lost
+            renewal = await asyncio.wait_for(store.renew_leases("w", 60, token, []), timeout=5)
+            assert renewal.lost_jobs == set()
     finally:
         await holder.close()
-    await store.heartbeat("w", 60)  # once free, the lease is extended
+    await store.renew_leases("w", 60, token, [])  # once free, the lease is extended
     assert (await store.get_job(claimed.id)).lease_expires_at > claimed.lease_expires_at  # type: ignore[operator]

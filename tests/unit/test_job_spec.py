@@ -9,7 +9,7 @@ from agora_pg.job_spec import JobSpec, batch_document
 
 def test_row_defaults_name_to_kind_and_serialises_payload() -> None:
     row = JobSpec("send_email", {"to": "a@b.c"}).as_row()
-    assert row == ("send_email", "send_email", "default", '{"to":"a@b.c"}', 0, None, None, None)
+    assert row == ("send_email", "send_email", "default", '{"to":"a@b.c"}', 0, None, None, None, None)
 
 
 def test_default_max_retries_applies_only_when_unset() -> None:
@@ -19,12 +19,15 @@ def test_default_max_retries_applies_only_when_unset() -> None:
 
 def test_batch_document_is_one_json_array_of_rows() -> None:
     when = datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=UTC)
-    specs = [JobSpec("k", {"a": [1, "x"]}), JobSpec("k", name="n", run_at=when, max_retries=1, dedup_key="d")]
+    specs = [
+        JobSpec("k", {"a": [1, "x"]}),
+        JobSpec("k", name="n", run_at=when, max_retries=1, dedup_key="d", timeout_seconds=2.5),
+    ]
     assert json.loads(batch_document(specs, 5)) == [
         {"name": "k", "kind": "k", "queue": "default", "payload": {"a": [1, "x"]}, "priority": 0,
-         "run_at": None, "max_retries": 5, "dedup_key": None},
+         "run_at": None, "max_retries": 5, "dedup_key": None, "timeout_seconds": None},
         {"name": "n", "kind": "k", "queue": "default", "payload": {}, "priority": 0,
-         "run_at": "2026-01-02T03:04:05.000006+00:00", "max_retries": 1, "dedup_key": "d"},
+         "run_at": "2026-01-02T03:04:05.000006+00:00", "max_retries": 1, "dedup_key": "d", "timeout_seconds": 2.5},
     ]
 
 
@@ -51,6 +54,9 @@ def test_batch_document_names_the_bad_payload(payload: dict[str, object]) -> Non
         ({"kind": "k", "run_at": "2030-01-01"}, "run_at", "expected a datetime"),
         ({"kind": "k", "dedup_key": ""}, "dedup_key", "must not be empty"),
         ({"kind": "k\x00"}, "kind", "NUL"),
+        ({"kind": "k", "timeout_seconds": 0}, "timeout_seconds", "more than 0"),
+        ({"kind": "k", "timeout_seconds": float("nan")}, "timeout_seconds", "more than 0"),
+        ({"kind": "k", "timeout_seconds": "30"}, "timeout_seconds", "number of seconds"),
     ],
 )
 def test_invalid_specs_name_the_field(kwargs: dict, field: str, message: str) -> None:

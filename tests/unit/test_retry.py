@@ -3,7 +3,7 @@ import random
 import pytest
 
 from agora_pg.errors import Retry
-from agora_pg.retry import BackoffPolicy, RetryDecision, decide, describe_error
+from agora_pg.retry import MAX_RETRY_DELAY_SECONDS, BackoffPolicy, RetryDecision, decide
 
 
 class FixedRandom(random.Random):
@@ -38,21 +38,17 @@ def test_backoff_rejects_nonsense() -> None:
 def test_decide_retries_below_max_and_stops_at_max() -> None:
     policy = BackoffPolicy(base_seconds=1.0, jitter=0.0)
     rng = random.Random(0)
-    assert decide(1, 3, ValueError(), policy, rng) == RetryDecision(1.0)
-    assert decide(2, 3, ValueError(), policy, rng) == RetryDecision(2.0)
-    assert decide(3, 3, ValueError(), policy, rng) is None
-    assert decide(1, 0, ValueError(), policy, rng) is None
+    assert decide(1, 3, policy, rng) == RetryDecision(1.0)
+    assert decide(2, 3, policy, rng) == RetryDecision(2.0)
+    assert decide(3, 3, policy, rng) is None
+    assert decide(1, 0, policy, rng) is None
 
 
-def test_retry_error_carries_its_own_delay() -> None:
-    decision = decide(1, 3, Retry(42.5), BackoffPolicy(), random.Random(0))
+def test_a_requested_delay_replaces_the_backoff_and_is_capped() -> None:
+    decision = decide(1, 3, BackoffPolicy(), random.Random(0), Retry(42.5).delay_seconds)
     assert decision == RetryDecision(42.5)
-    assert decide(3, 3, Retry(42.5), BackoffPolicy(), random.Random(0)) is None
-    with pytest.raises(ValueError):
-        Retry(-1)
-
-
-def test_describe_error_gives_type_and_text() -> None:
-    assert describe_error(ValueError("bad value")) == ("ValueError", "ValueError: bad value")
-    assert describe_error(KeyError()) == ("KeyError", "KeyError")
-    assert len(describe_error(RuntimeError("x" * 10_000))[1]) == 4000
+    assert decide(3, 3, BackoffPolicy(), random.Random(0), 42.5) is None
+    assert decide(1, 3, BackoffPolicy(), random.Random(0), float("inf")) == RetryDecision(MAX_RETRY_DELAY_SECONDS)
+    for bad in (-1, float("nan")):
+        with pytest.raises(ValueError):
+            Retry(bad)

@@ -4,7 +4,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from agora_pg.errors import InvalidSchedule
-from agora_pg.schedules import Schedule, ScheduleKind, error_backoff, next_cron_tick
+from agora_pg.schedules import NextRun, Schedule, ScheduleKind, error_backoff, next_cron_tick
 
 BERLIN = ZoneInfo("Europe/Berlin")
 T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
@@ -14,13 +14,19 @@ def berlin(*args: int, fold: int = 0) -> datetime:
     return datetime(*args, tzinfo=BERLIN, fold=fold).astimezone(UTC)
 
 
+def after(schedule: Schedule, finished_at: datetime, tick: datetime = T0 - timedelta(days=365)) -> datetime | None:
+    """The next run time after a success that ended at ``finished_at`` (the tick long past)."""
+    return schedule.next_run_after_success(finished_at, tick).at_time(finished_at)
+
+
 def test_every_adds_the_interval_to_the_finish_time() -> None:
     schedule = Schedule.every(hours=1, minutes=30, seconds=5)
     assert schedule.interval_seconds == 5405
-    assert schedule.first_run_at(T0) == T0  # a new schedule runs at once
+    assert schedule.first_run_at(T0) is None  # a new schedule runs at once (now by the database clock)
     finished = T0 + timedelta(minutes=45)  # a 45-minute run
-    assert schedule.next_run_after_success(finished) == T0 + timedelta(hours=2, minutes=15, seconds=5)
-    assert Schedule.every(days=1).next_run_after_success(T0) == T0 + timedelta(days=1)
+    assert schedule.next_run_after_success(finished, T0) == NextRun(in_seconds=5405)  # by the database clock
+    assert after(schedule, finished) == T0 + timedelta(hours=2, minutes=15, seconds=5)
+    assert after(Schedule.every(days=1), T0) == T0 + timedelta(days=1)
     assert Schedule.every(seconds=0.5).spec == "every 0.5s"
 
 
@@ -31,9 +37,10 @@ def test_every_rejects_non_positive_or_non_numbers(kwargs: dict) -> None:
 
 
 def test_continuous_and_once() -> None:
-    assert Schedule.continuous().next_run_after_success(T0) == T0
-    assert Schedule.once().first_run_at(T0) == T0
-    assert Schedule.once().next_run_after_success(T0) is None
+    assert after(Schedule.continuous(), T0) == T0
+    assert Schedule.once().first_run_at(T0) is None
+    assert Schedule.once().next_run_after_success(T0, T0) == NextRun()
+    assert after(Schedule.once(), T0) is None
     assert (Schedule.continuous().spec, Schedule.once().spec) == ("continuous", "once")
 
 
@@ -41,13 +48,23 @@ def test_cron_every_six_hours_in_utc() -> None:
     schedule = Schedule.cron("0 */6 * * *")
     assert schedule.kind is ScheduleKind.CRON and schedule.spec == "cron 0 */6 * * * UTC"
     assert schedule.first_run_at(T0) == datetime(2026, 6, 1, 18, 0, tzinfo=UTC)
-    assert schedule.next_run_after_success(datetime(2026, 6, 1, 18, 0, 3, tzinfo=UTC)) == datetime(2026, 6, 2, 0, 0, tzinfo=UTC)
+    assert after(schedule, datetime(2026, 6, 1, 18, 0, 3, tzinfo=UTC)) == datetime(2026, 6, 2, 0, 0, tzinfo=UTC)
+
+
+def test_cron_next_tick_is_after_the_tick_even_if_the_run_ends_before_it_by_some_clock() -> None:
+    # a host 20 ms behind the database: the 3 ms run "ends" before its own tick
+    schedule = Schedule.cron("0 * * * *")
+    tick = datetime(2026, 6, 1, 13, 0, tzinfo=UTC)
+    finished_by_a_slow_clock = tick - timedelta(milliseconds=17)
+    assert schedule.next_run_after_success(finished_by_a_slow_clock, tick) == NextRun(
+        at=datetime(2026, 6, 1, 14, 0, tzinfo=UTC)
+    )
 
 
 def test_cron_missed_ticks_are_not_replayed() -> None:
     # a run that finishes three days late is followed by the next tick, not by the missed ones
     schedule = Schedule.cron("0 2 * * *")
-    assert schedule.next_run_after_success(datetime(2026, 6, 4, 9, 0, tzinfo=UTC)) == datetime(2026, 6, 5, 2, 0, tzinfo=UTC)
+    assert after(schedule, datetime(2026, 6, 4, 9, 0, tzinfo=UTC)) == datetime(2026, 6, 5, 2, 0, tzinfo=UTC)
 
 
 @pytest.mark.parametrize(
@@ -68,10 +85,10 @@ def test_invalid_cron_fails_at_construction(expression: str, timezone: str, mess
 def test_daily_cron_keeps_wall_clock_time_across_both_dst_changes() -> None:
     schedule = Schedule.cron("0 9 * * *", timezone="Europe/Berlin")
     # spring: 9:00 CET is 08:00 UTC, 9:00 CEST is 07:00 UTC
-    assert schedule.next_run_after_success(berlin(2026, 3, 28, 10, 0)) == berlin(2026, 3, 29, 9, 0)
+    assert after(schedule, berlin(2026, 3, 28, 10, 0)) == berlin(2026, 3, 29, 9, 0)
     assert berlin(2026, 3, 29, 9, 0) == datetime(2026, 3, 29, 7, 0, tzinfo=UTC)
     # autumn: back to 08:00 UTC
-    assert schedule.next_run_after_success(berlin(2026, 10, 24, 10, 0)) == datetime(2026, 10, 25, 8, 0, tzinfo=UTC)
+    assert after(schedule, berlin(2026, 10, 24, 10, 0)) == datetime(2026, 10, 25, 8, 0, tzinfo=UTC)
 
 
 def test_skipped_wall_clock_time_runs_after_the_spring_forward_gap() -> None:

@@ -1,0 +1,71 @@
+"""The one retry helper for database calls, and the LISTEN loop built on it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+
+from agora_pg.db.store import Store
+from agora_pg.errors import DatabaseUnavailable
+from agora_pg.lifecycle import wait_for_event
+from agora_pg.runtime.process import ErrorWait
+
+log = logging.getLogger("agora_pg.runtime")
+
+T = TypeVar("T")
+
+
+async def retry_database(
+    call: Callable[[], Awaitable[T]],
+    *,
+    what: str,
+    stop: asyncio.Event | None = None,
+    first_wait: float = 0.2,
+) -> T:
+    """``await call()`` until the database answers.
+
+    ``DatabaseUnavailable`` (a lost connection, a call past its deadline, or a
+    ``TransientDatabaseError`` such as a cancelled statement or a lock timeout) is
+    retried with a doubling pause (at most 10 s), each logged as a WARNING saying
+    ``what`` is waiting. Once ``stop`` is set the waiting ends and the last error is
+    raised. Any other error is raised at once: the caller records it as the failure
+    it is.
+    """
+    pause = ErrorWait(first_wait)
+    while True:
+        try:
+            return await call()
+        except DatabaseUnavailable as error:
+            if stop is not None and stop.is_set():
+                raise
+            delay = pause.next()
+            log.warning("%s: %s; retrying in %.1fs", what, error, delay)
+            if stop is None:
+                await asyncio.sleep(delay)
+            elif await wait_for_event(stop, delay):
+                raise
+
+
+async def listen_until(
+    store: Store,
+    handlers: Mapping[str, Callable[[str], None]],
+    stop: asyncio.Event,
+    on_connected: Callable[[], None],
+    what: str,
+) -> None:
+    """Keep a LISTEN connection for ``handlers`` (channel -> callback) until ``stop``.
+    ``on_connected`` runs after every (re)connection: notifications sent while not
+    listening are lost, so the caller looks at the tables once."""
+    while not stop.is_set():
+        try:
+            listener = await retry_database(lambda: store.listen(handlers), what=what, stop=stop, first_wait=0.5)
+        except DatabaseUnavailable:
+            return  # stopped while waiting
+        on_connected()
+        stopper = asyncio.create_task(stop.wait())
+        watched: list[asyncio.Future[Any]] = [stopper, listener.closed]
+        await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+        stopper.cancel()
+        await listener.close()

@@ -1,0 +1,47 @@
+"""Process helpers shared by the job worker and the pipeline runner: worker ids,
+the schema check, and the pause between retries of a failing database call."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+
+from agora_pg.db.migrate import head_revisions
+from agora_pg.db.store import Store
+from agora_pg.errors import SchemaNotReady
+
+
+class ErrorWait:
+    """A pause between retries of a failing call that doubles up to 10 s."""
+
+    MAX_SECONDS = 10.0
+
+    def __init__(self, first_seconds: float) -> None:
+        self._first = first_seconds
+        self._current = first_seconds
+
+    def next(self) -> float:
+        wait = self._current
+        self._current = min(self._current * 2, self.MAX_SECONDS)
+        return wait
+
+    def reset(self) -> None:
+        self._current = self._first
+
+
+def new_worker_id() -> str:
+    """Unique per process start: host and pid for people, a random part for uniqueness."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+
+
+async def check_schema(store: Store) -> None:
+    """Raise ``SchemaNotReady`` unless the database is migrated to head."""
+    applied = await store.schema_versions()
+    head = head_revisions()
+    if applied != head:
+        state = "not migrated" if not applied else f"at {', '.join(sorted(applied))}"
+        raise SchemaNotReady(
+            f"the agora schema is {state}, expected {', '.join(sorted(head))}: "
+            "run `agora-pg migrate` first"
+        )

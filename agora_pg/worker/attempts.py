@@ -1,0 +1,147 @@
+"""One attempt of a job as this worker runs it: the handler under its timeout, stopped
+for a reason (timeout, cancel request, lost lease, shutdown), and every way out
+turned into one ``Outcome``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import dataclasses
+import inspect
+import logging
+import threading
+from typing import Any
+
+from agora_pg.jobs import Job
+from agora_pg.outcomes import Outcome, StopReason, outcome_of
+from agora_pg.runtime.leases import LeaseToken
+from agora_pg.worker.handlers import Handler, KindOptions, UnknownJobKind, handler_name, is_async_handler
+
+log = logging.getLogger("agora_pg.worker")
+
+
+@dataclasses.dataclass(eq=False)
+class Attempt:
+    """A claimed attempt: the job as claimed, its lease token, the task running it,
+    and why agora-pg stopped it (None while it runs on its own)."""
+
+    job: Job
+    token: LeaseToken
+    handler: Handler | None
+    options: KindOptions
+    timeout: float | None
+    task: asyncio.Task[Outcome | None] | None = None
+    stop_reason: StopReason | None = None
+    thread_result: asyncio.Future[Any] | None = None  # a sync handler's, settled when its thread returns
+    shutting_down: bool = False
+    known_kinds: tuple[str, ...] = ()  # for the error when ``handler`` is None
+
+    @property
+    def description(self) -> str:
+        handler = handler_name(self.handler) if self.handler is not None else "no handler"
+        return f"job {self.job.id} (kind {self.job.kind!r}, handler {handler})"
+
+    @property
+    def in_thread(self) -> bool:
+        """A sync handler whose thread is still running (it cannot be interrupted)."""
+        return self.thread_result is not None and not self.thread_result.done()
+
+    def stop(self, reason: StopReason) -> None:
+        """Stop the attempt (the first reason given is the one recorded)."""
+        if self.task is None or self.task.done():
+            return
+        if reason is StopReason.SHUTDOWN:
+            self.shutting_down = True
+        if self.stop_reason is None:
+            self.stop_reason = reason
+            log.info("%s: stopping it (%s)", self.description, reason.value)
+        elif reason is not StopReason.SHUTDOWN:
+            return  # already stopping; only shutdown may still end a wait for a thread
+        self.task.cancel()
+
+
+async def run_attempt(attempt: Attempt, resources: Any) -> Outcome | None:
+    """Run the attempt's handler and return how it ended; never raises (a cancel that
+    stops it is part of the outcome). A sync handler stopped for any reason other than
+    shutdown holds the attempt (its slot and its lease) until its thread returns. None:
+    a sync handler still running at shutdown, left as it is (nothing may be recorded
+    while it runs: its lease expires once the process has exited)."""
+    loop = asyncio.get_running_loop()
+    timer = None
+    if attempt.timeout is not None:
+        timer = loop.call_later(attempt.timeout, attempt.stop, StopReason.TIMEOUT)
+    try:
+        await _call_handler(attempt, resources)
+        error: BaseException | None = None
+    except BaseException as raised:  # every way out is an outcome, CancelledError included
+        if isinstance(raised, KeyboardInterrupt | SystemExit):
+            raise
+        error = raised
+    finally:
+        if timer is not None:
+            timer.cancel()
+    if attempt.in_thread:
+        return None
+    return outcome_of(
+        error, attempt.stop_reason, non_retryable=attempt.options.non_retryable, timeout_seconds=attempt.timeout
+    )
+
+
+async def _call_handler(attempt: Attempt, resources: Any) -> None:
+    job = attempt.job
+    if attempt.handler is None:
+        raise UnknownJobKind(job.kind, list(attempt.known_kinds))
+    if is_async_handler(attempt.handler):
+        await attempt.handler(job, resources)
+        return
+    result = await _in_thread(attempt, resources)
+    if inspect.isawaitable(result):  # a sync function that returned a coroutine
+        await result
+
+
+async def _in_thread(attempt: Attempt, resources: Any) -> Any:
+    """Run a sync handler in a daemon thread of its own (so that a hung one never keeps
+    the process from exiting) and wait for it. Python cannot interrupt a thread: a stop
+    other than shutdown keeps waiting for it, holding the slot and the lease, so that the
+    job never runs twice; at shutdown the worker leaves it running, unreleased."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[Any] = loop.create_future()
+    attempt.thread_result = done
+    context = contextvars.copy_context()
+    assert attempt.handler is not None
+    handler = attempt.handler
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if done.done():
+            return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(result)
+
+    def target() -> None:
+        try:
+            result = context.run(handler, attempt.job, resources)
+        except BaseException as error:  # handed to the event loop as the attempt's error
+            loop.call_soon_threadsafe(settle, None, error)
+        else:
+            loop.call_soon_threadsafe(settle, result, None)
+
+    threading.Thread(target=target, name=f"agora-job-{attempt.job.id}", daemon=True).start()
+    warned = False
+    while True:
+        try:
+            return await asyncio.shield(done)
+        except asyncio.CancelledError:
+            if done.done() or attempt.stop_reason is None or attempt.shutting_down:
+                raise
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            if not warned:
+                warned = True
+                log.warning(
+                    "%s: %s, but a sync handler cannot be interrupted: waiting for its thread "
+                    "(the job stays held, so it does not run twice)",
+                    attempt.description, attempt.stop_reason.value,
+                )

