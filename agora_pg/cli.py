@@ -21,6 +21,7 @@ from agora_pg.errors import AgoraError, ConfigError, InvalidArgument, InvalidJob
 from agora_pg.loading import load_worker
 from agora_pg.pipelines.assembly import build_worker_pool
 from agora_pg.runner import WorkerPool
+from agora_pg.runtime.process import tune_garbage_collector
 from agora_pg.worker import Worker
 from agora_pg.settings import load_settings, parse_queues
 
@@ -152,6 +153,7 @@ async def run_worker(module: str | None, config: WorkerConfig | None, queues: st
         raise ConfigError("--queues/--concurrency", f"{'the config' if config else module or 'worker'} registers no job Worker")
     if health_port is not None:
         pool.health_port = health_port
+    tune_garbage_collector()
     await pool.run()
 
 

@@ -28,10 +28,10 @@ class PgProxy:
       refused, nothing answered) until ``release()``;
     - ``cut()`` closes every connection open now;
     - ``lose_reply_to(marker)``: the next statement whose text contains ``marker`` is
-      forwarded to the server, which runs and commits it, but its reply is dropped and
-      the client's connection closed (asyncpg sends a statement's text the first time a
-      connection runs it, so the proxy also cuts every open connection to make the
-      client prepare it again).
+      forwarded to the server, which runs and commits it, but the reply to its execution
+      is dropped and the client's connection closed (asyncpg sends a statement's text
+      when a connection first prepares it, so the proxy also cuts every open connection
+      to make the client prepare it again).
     """
 
     def __init__(self, target_host: str, target_port: int) -> None:
@@ -61,6 +61,10 @@ class PgProxy:
         self._call(self._close)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+        for task in asyncio.all_tasks(self._loop):
+            task.cancel()
+        self._loop.run_until_complete(asyncio.gather(*asyncio.all_tasks(self._loop), return_exceptions=True))
+        self._loop.close()
 
     def hold(self) -> None:
         self._call(lambda: self._released.clear())  # type: ignore[union-attr]
@@ -128,7 +132,7 @@ class PgProxy:
             return
         pair = (client_writer, server_writer)
         self._connections.add(pair)
-        state = {"losing": False}
+        state = {"armed": False, "losing": False}
         await asyncio.gather(
             self._pump(client_reader, server_writer, pair, state, upstream=True),
             self._pump(server_reader, client_writer, pair, state, upstream=False),
@@ -150,7 +154,11 @@ class PgProxy:
                 return
             await self._released.wait()
             if upstream and self._lose_marker is not None and self._lose_marker in data:
+                # the statement's text: asyncpg prepares it (Parse), then executes it in
+                # the next message; the reply to that execution is the one lost
                 self._lose_marker = None
+                state["armed"] = True
+            elif upstream and state.get("armed"):
                 state["losing"] = True
                 writer.write(data)  # the server runs (and commits) the statement...
                 await writer.drain()

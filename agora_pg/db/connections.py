@@ -88,26 +88,35 @@ class ConnectionPool:
         try:
             yield connection
         except CONNECTION_ERRORS:
-            connection.terminate()
+            _discard(connection)
             await pool.expire_connections()
             raise
         except Exception as error:
             if is_transient(error):  # (a server shutting down also kills the others)
-                connection.terminate()
+                _discard(connection)
             raise
         except BaseException:
-            connection.terminate()  # cancelled mid-call
+            _discard(connection)  # cancelled mid-call
             raise
         finally:
-            await pool.release(connection, timeout=self.timeout)
+            await pool.release(connection, timeout=self.timeout)  # (a no-op once released)
 
     async def close(self) -> None:
+        """Close every connection: politely within a second (a database that does not
+        answer would hold a polite close until its deadline), then at once."""
         self._closed = True
         if self._pool is not None:
             try:
-                await asyncio.wait_for(self._pool.close(), timeout=min(self.timeout, 5))
+                await asyncio.wait_for(self._pool.close(), timeout=min(self.timeout, 1.0))
             except (Exception, asyncio.TimeoutError):
                 self._pool.terminate()
+
+
+def _discard(connection: asyncpg.Connection) -> None:
+    """Close a connection whose state is unknown (the pool replaces it); one the pool
+    already took back, because it closed, needs nothing more."""
+    with contextlib.suppress(asyncpg.InterfaceError):
+        connection.terminate()
 
 
 class ListenConnection:
@@ -123,9 +132,8 @@ class ListenConnection:
             self.closed.set_result(None)
 
     async def close(self) -> None:
+        """Drop the connection (a LISTEN has nothing to finish, and a polite close would wait
+        for a server that may not answer)."""
         if not self._connection.is_closed():
-            try:
-                await asyncio.wait_for(self._connection.close(), timeout=5)
-            except (Exception, asyncio.TimeoutError):
-                self._connection.terminate()
+            self._connection.terminate()
         self._on_termination(self._connection)

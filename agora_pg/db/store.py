@@ -157,7 +157,10 @@ class Store:
 
     def _unavailable(self, error: BaseException) -> DatabaseUnavailable:
         reason = error.orig if isinstance(error, sqlalchemy.exc.DBAPIError) and error.orig else error
-        return DatabaseUnavailable(f"cannot use the database at {self.database.display_url}: {reason}")
+        text = str(reason) or type(reason).__name__
+        if isinstance(reason, TimeoutError):
+            text = f"no answer within {self.timeout:g}s"
+        return DatabaseUnavailable(f"cannot use the database at {self.database.display_url}: {text}")
 
     async def _execute(self, sql: str, *args: Any) -> None:
         async with self.connection() as connection:
@@ -245,14 +248,15 @@ class Store:
     # -- claiming and finishing ---------------------------------------------------
 
     async def claim_jobs(
-        self, queues: Sequence[str], limit: int, worker_id: str, lease_seconds: float
+        self, queues: Sequence[str], limit: int, worker_id: str, lease_seconds: float, *, suspect: bool = True
     ) -> list[Job]:
-        """Claim up to ``limit`` due jobs, highest priority first."""
+        """Claim up to ``limit`` due jobs, highest priority first; with ``suspect``, at most
+        one of them may be a job with lost attempts (``queries.CLAIM_JOBS``)."""
         if len(queues) == 1:
-            rows = await self._fetch(queries.CLAIM_JOBS, queues[0], limit, worker_id, float(lease_seconds))
+            rows = await self._fetch(queries.CLAIM_JOBS, queues[0], limit, worker_id, float(lease_seconds), suspect)
         else:
             rows = await self._fetch(
-                queries.CLAIM_JOBS_FROM_QUEUES, list(queues), limit, worker_id, float(lease_seconds)
+                queries.CLAIM_JOBS_FROM_QUEUES, list(queues), limit, worker_id, float(lease_seconds), suspect
             )
         jobs = [row_to_job(row) for row in rows]
         jobs.sort(key=lambda job: (-job.priority, job.run_at, job.id))

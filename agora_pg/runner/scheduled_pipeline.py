@@ -300,9 +300,7 @@ class _PipelineRunner:
         pipeline = self.pipeline
         pipeline._row = claimed.schedule
         pipeline._running = True
-        token = LeaseToken.run(pipeline.pipeline_id, claimed.run_id)
-        stop_reasons: list[StopReason] = []
-        lease_lost = asyncio.Event()
+        token = LeaseToken("run", pipeline.pipeline_id, claimed.run_id)
         # The run's checkpoints and dead letters go through this store; a stop request
         # ends a resumable pipeline after its current batch.
         run_token = current_run.set(PipelineRun(self.store, claimed.run_id, pipeline._stop))
@@ -311,41 +309,35 @@ class _PipelineRunner:
         finally:
             current_run.reset(run_token)
 
-        def on_stop(reason: StopReason) -> None:
-            stop_reasons.append(reason)
-            if reason is StopReason.LEASE_LOST:
-                lease_lost.set()
-            execution.cancel()
-
-        self.supervisor.hold(token, on_stop, claimed_at, task=execution,
-                             description=f"pipeline {pipeline.pipeline_id} (run {claimed.run_id})")
+        holder = _RunHolder(token, execution, f"pipeline {pipeline.pipeline_id} (run {claimed.run_id})")
+        self.supervisor.hold([holder], claimed_at)
         try:
             error = await _outcome_error(execution)
         except asyncio.CancelledError:  # the pool force-cancels at the end of its grace period
             execution.cancel()
             await asyncio.wait([execution], timeout=RELEASE_TIMEOUT)
             await self._release(claimed)
-            self.supervisor.release(token)
+            self.supervisor.release([holder])
             raise
         finally:
             pipeline._running = False
         if isinstance(error, PipelineInterrupted):
             log.info("%s", error)
             await self._release(claimed)
-            self.supervisor.release(token)
+            self.supervisor.release([holder])
             return None
-        outcome = outcome_of(error, stop_reasons[0] if stop_reasons else None)
+        outcome = outcome_of(error, holder.stop_reason)
         finish = self._finish(claimed, outcome, clock)
         try:
             recorded = await self._call(lambda: self.store.finish_pipeline_run(finish), "recording its run",
-                                        stop=lease_lost)
+                                        stop=holder.lease_lost)
         except DatabaseUnavailable:
             recorded = False
         except Exception:
             log.exception("%s: recording run %s failed; its lease will expire", self.what, claimed.run_id)
             recorded = False
         finally:
-            self.supervisor.release(token)
+            self.supervisor.release([holder])
         if not recorded:
             log.warning("pipeline %s: run %s was taken over by another worker; outcome not recorded",
                         pipeline.pipeline_id, claimed.run_id)
@@ -396,6 +388,25 @@ class _PipelineRunner:
                         error or "no answer in time")
         except Exception:
             log.exception("pipeline %s: releasing the run at shutdown failed", self.pipeline.pipeline_id)
+
+
+class _RunHolder:
+    """A pipeline run as the lease supervisor sees it (a ``LeaseHolder``)."""
+
+    def __init__(self, token: LeaseToken, task: asyncio.Task[None], description: str) -> None:
+        self.token = token
+        self.task = task
+        self.description = description
+        self.stop_reason: StopReason | None = None  # the first reason it was stopped for
+        self.lease_lost = asyncio.Event()  # another worker holds it: stop trying to record it
+        self.fence_at = 0.0  # the lease supervisor's bookkeeping (LeaseHolder)
+        self.stopped_for: tuple[StopReason, ...] = ()
+
+    def stop(self, reason: StopReason) -> None:
+        self.stop_reason = self.stop_reason or reason
+        if reason is StopReason.LEASE_LOST:
+            self.lease_lost.set()
+        self.task.cancel()
 
 
 class _ScheduleStopped(Exception):

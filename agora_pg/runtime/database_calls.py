@@ -30,13 +30,13 @@ async def retry_database(
     ``TransientDatabaseError`` such as a cancelled statement or a lock timeout) is
     retried with a doubling pause (at most 10 s), each logged as a WARNING saying
     ``what`` is waiting. Once ``stop`` is set the waiting ends and the last error is
-    raised. Any other error is raised at once: the caller records it as the failure
-    it is.
+    raised (a call in flight then is abandoned: ``Stopped``). Any other error is
+    raised at once: the caller records it as the failure it is.
     """
     pause = ErrorWait(first_wait)
     while True:
         try:
-            return await call()
+            return await call() if stop is None else await unless_stopped(call(), stop)
         except DatabaseUnavailable as error:
             if stop is not None and stop.is_set():
                 raise
@@ -46,6 +46,32 @@ async def retry_database(
                 await asyncio.sleep(delay)
             elif await wait_for_event(stop, delay):
                 raise
+
+
+class Stopped(DatabaseUnavailable):
+    """A database call was abandoned because its caller is stopping."""
+
+
+async def unless_stopped(call: Awaitable[T], stop: asyncio.Event) -> T:
+    """Await ``call`` unless ``stop`` is set first: then it is cancelled and ``Stopped``
+    raised (its outcome is unknown: a statement may have committed without a reply)."""
+    if stop.is_set():
+        if asyncio.iscoroutine(call):
+            call.close()
+        raise Stopped("stopping")
+    task = asyncio.ensure_future(call)
+    stopper = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait((task, stopper), return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        stopper.cancel()
+    if not task.done():
+        task.cancel()
+        raise Stopped("stopping")
+    return task.result()
 
 
 async def listen_until(

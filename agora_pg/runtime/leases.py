@@ -19,11 +19,11 @@ The thread also watches the event loop: a loop that does not run a callback for
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import NamedTuple, Protocol
 
 from agora_pg.db.connect import Database
 from agora_pg.db.store import Store
@@ -37,42 +37,43 @@ FENCE_FRACTION = 0.75  # stop an attempt whose lease went unrenewed this long (o
 BLOCKED_LOOP_SECONDS = 1.0
 
 
-@dataclasses.dataclass(frozen=True)
-class LeaseToken:
+class LeaseToken(NamedTuple):
     """What a claim returned: a job attempt ``("job", job_id, attempt)`` or a
-    pipeline run ``("run", pipeline_id, run_id)``."""
+    pipeline run ``("run", pipeline_id, run_id)``. (A tuple: it is hashed several
+    times per job, and a tuple's hash is computed in C.)"""
 
     resource: str
     key: int | str
     number: int
 
-    @classmethod
-    def job(cls, job_id: int, attempt: int) -> LeaseToken:
-        return cls("job", job_id, attempt)
 
-    @classmethod
-    def run(cls, pipeline_id: str, run_id: int) -> LeaseToken:
-        return cls("run", pipeline_id, run_id)
+class LeaseHolder(Protocol):
+    """What holds a lease: a job attempt or a pipeline run, hashed by identity. The
+    supervisor keeps its bookkeeping on the holder itself (no object of its own per
+    lease: a worker takes tens of thousands a second, and each object it keeps alive
+    is work for the garbage collector): ``fence_at``, the ``time.monotonic()`` by which
+    a renewal must have succeeded, and ``stopped_for``, the reasons it was told to stop."""
 
+    fence_at: float
+    stopped_for: tuple[StopReason, ...]
 
-StopCallback = Callable[[StopReason], None]
+    @property
+    def token(self) -> LeaseToken: ...
 
+    @property
+    def description(self) -> str: ...  # for log lines (computed only when one is written)
 
-@dataclasses.dataclass
-class _Held:
-    token: LeaseToken
-    on_stop: StopCallback
-    fence_at: float  # monotonic time by which a renewal must have succeeded
-    task: asyncio.Task[object] | None
-    description: str
-    stopped: set[StopReason] = dataclasses.field(default_factory=set)
+    @property
+    def task(self) -> asyncio.Task[object] | None: ...  # to name what blocks the event loop
+
+    def stop(self, reason: StopReason) -> None: ...
 
 
 class LeaseSupervisor:
     """Renews the leases of one process; see the module docstring.
 
     ``hold()`` and ``release()`` are called from the event loop that ``start()``
-    ran on; ``on_stop`` callbacks run on that loop too.
+    ran on; holders' ``stop()`` is called on that loop too.
     """
 
     def __init__(
@@ -92,7 +93,7 @@ class LeaseSupervisor:
         # A renewal that takes longer than its interval is given up and tried afresh.
         self._renew_timeout = min(database_timeout, self.renew_interval)
         self.blocked_loop_seconds = blocked_loop_seconds
-        self._held: dict[LeaseToken, _Held] = {}
+        self._held: set[LeaseHolder] = set()  # by identity: no token object is built per lease
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -120,49 +121,32 @@ class LeaseSupervisor:
         while thread is not None and thread.is_alive() and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
 
-    def hold(
-        self,
-        token: LeaseToken,
-        on_stop: StopCallback,
-        claimed_at: float,
-        *,
-        task: asyncio.Task[object] | None = None,
-        description: str = "",
-    ) -> None:
-        """Renew ``token`` from now on. ``claimed_at`` is ``time.monotonic()`` taken
-        before the claim was sent (the lease runs from no earlier than that)."""
-        held = _Held(token, on_stop, claimed_at + self.fence_after, task, description or str(token))
+    def hold(self, holders: Iterable[LeaseHolder], claimed_at: float) -> None:
+        """Renew the holders' leases from now on. ``claimed_at`` is ``time.monotonic()``
+        taken before the claim was sent (the leases run from no earlier than that)."""
+        fence_at = claimed_at + self.fence_after
         with self._lock:
-            self._held[token] = held
+            for holder in holders:
+                holder.fence_at = fence_at
+                self._held.add(holder)
 
-    def attach(self, token: LeaseToken, task: asyncio.Task[object], description: str) -> None:
-        """Name the task running ``token`` (for the blocked-loop warning)."""
+    def release(self, holders: Iterable[LeaseHolder]) -> None:
+        """Stop renewing these leases (their outcomes are recorded, or they were given back)."""
         with self._lock:
-            held = self._held.get(token)
-            if held is not None:
-                held.task, held.description = task, description
-
-    def release(self, token: LeaseToken) -> None:
-        """Stop renewing ``token`` (its outcome is recorded, or it was given back)."""
-        with self._lock:
-            self._held.pop(token, None)
-
-    def holds(self, token: LeaseToken) -> bool:
-        with self._lock:
-            return token in self._held
+            self._held.difference_update(holders)
 
     def held_tokens(self) -> list[LeaseToken]:
         with self._lock:
-            return list(self._held)
+            holders = list(self._held)
+        return [holder.token for holder in holders]
 
-    def _deliver(self, token: LeaseToken, reason: StopReason) -> None:
-        """On the event loop: tell the holder of ``token`` to stop, once per reason."""
+    def _deliver(self, holder: LeaseHolder, reason: StopReason) -> None:
+        """On the event loop: tell ``holder`` to stop, once per reason, while it holds its lease."""
         with self._lock:
-            held = self._held.get(token)
-            if held is None or reason in held.stopped:
+            if holder not in self._held or reason in holder.stopped_for:
                 return
-            held.stopped.add(reason)
-        held.on_stop(reason)
+            holder.stopped_for += (reason,)
+        holder.stop(reason)
 
     def _loop_alive(self) -> None:
         self._loop_seen = time.monotonic()
@@ -197,12 +181,12 @@ class LeaseSupervisor:
         """Fence leases that went unrenewed too long; check that the event loop runs."""
         now = time.monotonic()
         with self._lock:
-            due = [held.token for held in self._held.values()
-                   if now >= held.fence_at and StopReason.LEASE_UNRENEWED not in held.stopped]
-        for token in due:
+            due = [holder for holder in self._held
+                   if now >= holder.fence_at and StopReason.LEASE_UNRENEWED not in holder.stopped_for]
+        for holder in due:
             log.error("%s: lease not renewed for %.1fs; stopping it before the lease expires",
-                      self._describe(token), self.fence_after)
-            self._post(self._deliver, token, StopReason.LEASE_UNRENEWED)
+                      holder.description, self.fence_after)
+            self._post(self._deliver, holder, StopReason.LEASE_UNRENEWED)
         self._post(self._loop_alive)
         blocked = now - self._loop_seen
         if blocked >= self.blocked_loop_seconds and not self._blocked_warned:
@@ -217,52 +201,56 @@ class LeaseSupervisor:
             self._blocked_warned = False
             log.info("the event loop runs again")
 
-    def _describe(self, token: LeaseToken) -> str:
-        with self._lock:
-            held = self._held.get(token)
-        return held.description if held is not None else str(token)
-
     def _blocking_task(self) -> str:
         loop = self._loop
         task = asyncio.current_task(loop) if loop is not None else None
         if task is None:
             return "code outside any task"
         with self._lock:
-            for held in self._held.values():
-                if held.task is task:
-                    return held.description
+            holders = list(self._held)
+        for holder in holders:
+            if holder.task is task:
+                return holder.description
         return f"task {task.get_name()!r}"
 
     async def _renew_loop(self, store: Store) -> None:
+        failing_since: float | None = None
         while not self._stopping.is_set():
             started = time.monotonic()
             with self._lock:
-                tokens = list(self._held)
+                holders = list(self._held)
             try:
-                await self._renew(store, tokens, started)
+                await self._renew(store, holders, started)
+                if failing_since is not None:
+                    log.info("renewing leases works again after %.1fs", started - failing_since)
+                    failing_since = None
             except DatabaseUnavailable as error:
-                log.warning("renewing %d lease(s) failed: %s", len(tokens), error)
+                # the first failure of an outage is a WARNING; the following ones repeat it quietly
+                level = logging.WARNING if failing_since is None else logging.DEBUG
+                failing_since = failing_since or started
+                log.log(level, "renewing %d lease(s) failed: %s", len(holders), error)
             except Exception:  # a bug must not end renewals: it shows, and renewals go on
-                log.exception("renewing %d lease(s) failed", len(tokens))
+                log.exception("renewing %d lease(s) failed", len(holders))
             elapsed = time.monotonic() - started
             await asyncio.sleep(max(self.renew_interval - elapsed, 0.01))
 
-    async def _renew(self, store: Store, tokens: list[LeaseToken], sent_at: float) -> None:
+    async def _renew(self, store: Store, holders: list[LeaseHolder], sent_at: float) -> None:
+        tokens = [holder.token for holder in holders]
         jobs = [(int(t.key), t.number) for t in tokens if t.resource == "job"]
         runs = [(str(t.key), t.number) for t in tokens if t.resource == "run"]
         renewal = await store.renew_leases(self.worker_id, self.lease_seconds, jobs, runs)
         self.renewals += 1
-        lost = {t for t in tokens if (t.key in renewal.lost_jobs if t.resource == "job" else t.key in renewal.lost_runs)}
+        lost = [holder for holder, t in zip(holders, tokens, strict=True)
+                if (t.key in renewal.lost_jobs if t.resource == "job" else t.key in renewal.lost_runs)]
+        fence_at = sent_at + self.fence_after
         with self._lock:
-            for token in tokens:
-                held = self._held.get(token)
-                if held is not None and token not in lost:
-                    held.fence_at = max(held.fence_at, sent_at + self.fence_after)
-        for token in lost:
-            if self.holds(token):
-                log.warning("%s: lease lost (another worker holds it now); stopping it", self._describe(token))
-                self._post(self._deliver, token, StopReason.LEASE_LOST)
-        for job_id in renewal.cancel_jobs:
-            for token in tokens:
-                if token.resource == "job" and token.key == job_id:
-                    self._post(self._deliver, token, StopReason.CANCEL_REQUESTED)
+            for holder in holders:
+                if holder in self._held and holder not in lost:
+                    holder.fence_at = max(holder.fence_at, fence_at)
+            lost = [holder for holder in lost if holder in self._held]
+        for holder in lost:
+            log.warning("%s: lease lost (another worker holds it now); stopping it", holder.description)
+            self._post(self._deliver, holder, StopReason.LEASE_LOST)
+        for holder, t in zip(holders, tokens, strict=True):
+            if t.resource == "job" and t.key in renewal.cancel_jobs:
+                self._post(self._deliver, holder, StopReason.CANCEL_REQUESTED)

@@ -13,28 +13,40 @@ import threading
 from typing import Any
 
 from agora_pg.jobs import Job
-from agora_pg.outcomes import Outcome, StopReason, outcome_of
+from agora_pg.outcomes import SUCCEEDED, Outcome, StopReason, outcome_of
 from agora_pg.runtime.leases import LeaseToken
-from agora_pg.worker.handlers import Handler, KindOptions, UnknownJobKind, handler_name, is_async_handler
+from agora_pg.worker.handlers import Handler, KindOptions, UnknownJobKind, handler_name
 
 log = logging.getLogger("agora_pg.worker")
 
 
-@dataclasses.dataclass(eq=False)
+DEFAULT_OPTIONS = KindOptions()
+
+
+@dataclasses.dataclass(eq=False, slots=True)
 class Attempt:
-    """A claimed attempt: the job as claimed, its lease token, the task running it,
-    and why agora-pg stopped it (None while it runs on its own)."""
+    """A claimed attempt (a ``LeaseHolder``): the job as claimed, its lease token, the
+    task running it, when it times out (a ``time.monotonic()`` value) and why agora-pg
+    stopped it (None while it runs on its own)."""
 
     job: Job
-    token: LeaseToken
     handler: Handler | None
+    is_async: bool
     options: KindOptions
     timeout: float | None
+    deadline: float | None = None
     task: asyncio.Task[Outcome | None] | None = None
     stop_reason: StopReason | None = None
     thread_result: asyncio.Future[Any] | None = None  # a sync handler's, settled when its thread returns
     shutting_down: bool = False
     known_kinds: tuple[str, ...] = ()  # for the error when ``handler`` is None
+    fence_at: float = 0.0  # the lease supervisor's bookkeeping (LeaseHolder)
+    stopped_for: tuple[StopReason, ...] = ()
+    outcome: Outcome | None = None  # how it ended, once it has
+
+    @property
+    def token(self) -> LeaseToken:
+        return LeaseToken("job", self.job.id, self.job.attempt)
 
     @property
     def description(self) -> str:
@@ -62,24 +74,22 @@ class Attempt:
 
 async def run_attempt(attempt: Attempt, resources: Any) -> Outcome | None:
     """Run the attempt's handler and return how it ended; never raises (a cancel that
-    stops it is part of the outcome). A sync handler stopped for any reason other than
+    stops it is part of the outcome; the worker stops it at its ``deadline``). A sync handler stopped for any reason other than
     shutdown holds the attempt (its slot and its lease) until its thread returns. None:
     a sync handler still running at shutdown, left as it is (nothing may be recorded
     while it runs: its lease expires once the process has exited)."""
-    loop = asyncio.get_running_loop()
-    timer = None
-    if attempt.timeout is not None:
-        timer = loop.call_later(attempt.timeout, attempt.stop, StopReason.TIMEOUT)
     try:
-        await _call_handler(attempt, resources)
+        if attempt.is_async:  # (the common case first, and without a frame of its own)
+            await attempt.handler(attempt.job, resources)  # type: ignore[misc]
+        else:
+            await _call_handler(attempt, resources)
         error: BaseException | None = None
     except BaseException as raised:  # every way out is an outcome, CancelledError included
         if isinstance(raised, KeyboardInterrupt | SystemExit):
             raise
         error = raised
-    finally:
-        if timer is not None:
-            timer.cancel()
+    if error is None and attempt.stop_reason is None:
+        return SUCCEEDED
     if attempt.in_thread:
         return None
     return outcome_of(
@@ -88,12 +98,9 @@ async def run_attempt(attempt: Attempt, resources: Any) -> Outcome | None:
 
 
 async def _call_handler(attempt: Attempt, resources: Any) -> None:
-    job = attempt.job
+    """A sync handler in a thread of its own (or the error of a kind with no handler)."""
     if attempt.handler is None:
-        raise UnknownJobKind(job.kind, list(attempt.known_kinds))
-    if is_async_handler(attempt.handler):
-        await attempt.handler(job, resources)
-        return
+        raise UnknownJobKind(attempt.job.kind, list(attempt.known_kinds))
     result = await _in_thread(attempt, resources)
     if inspect.isawaitable(result):  # a sync function that returned a coroutine
         await result

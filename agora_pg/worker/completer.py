@@ -52,11 +52,12 @@ class Completer:
         self._backoff = BackoffPolicy(settings.retry_backoff_seconds, settings.retry_backoff_max_seconds)
         self._supervisor = supervisor
         self._rng = rng
-        self._pending: list[tuple[Attempt, Outcome]] = []
+        self._pending: list[Attempt] = []  # finished attempts, each with its outcome
         self.has_pending = asyncio.Event()
 
-    def add(self, attempt: Attempt, outcome: Outcome) -> None:
-        self._pending.append((attempt, outcome))
+    def add(self, attempt: Attempt) -> None:
+        """Record ``attempt.outcome`` with the next flush."""
+        self._pending.append(attempt)
         self.has_pending.set()
 
     @property
@@ -80,33 +81,37 @@ class Completer:
             log.error("recording %d outcome(s) failed (%s: %s); recording them one by one",
                       len(batch), type(error).__name__, error)
             written = set()
-            for index, entry in enumerate(batch):
+            for index, attempt in enumerate(batch):
                 try:
-                    written |= await self._write_alone(entry)
+                    written |= await self._write_alone(attempt)
                 except (DatabaseUnavailable, asyncio.CancelledError):
                     self._keep(batch[index:])
                     self._settle(batch[:index], written)
                     raise
         return self._settle(batch, written)
 
-    def _keep(self, entries: list[tuple[Attempt, Outcome]]) -> None:
+    def _keep(self, entries: list[Attempt]) -> None:
         self._pending = entries + self._pending
         self.has_pending.set()
 
-    def _settle(self, entries: list[tuple[Attempt, Outcome]], written: set[int]) -> FlushResult:
-        superseded = []
-        for attempt, _outcome in entries:
-            if self._supervisor is not None:
-                self._supervisor.release(attempt.token)
-            if attempt.job.id not in written:
-                superseded.append(attempt.job.id)
-                log.warning("%s: the attempt was taken over by another worker; its outcome is not recorded",
-                            attempt.description)
-        return FlushResult(len(entries) - len(superseded), superseded)
+    def _settle(self, entries: list[Attempt], written: set[int]) -> FlushResult:
+        if self._supervisor is not None:
+            self._supervisor.release(entries)
+        superseded = [attempt for attempt in entries if attempt.job.id not in written]
+        for attempt in superseded:
+            log.warning("%s: the attempt was taken over by another worker; its outcome is not recorded",
+                        attempt.description)
+        return FlushResult(len(entries) - len(superseded), [attempt.job.id for attempt in superseded])
 
-    async def _write(self, entries: list[tuple[Attempt, Outcome]]) -> set[int]:
-        successes = [(a.job.id, a.job.attempt) for a, o in entries if o.kind is OutcomeKind.SUCCEEDED]
-        others = [self._finish_row(a, o) for a, o in entries if o.kind is not OutcomeKind.SUCCEEDED]
+    async def _write(self, entries: list[Attempt]) -> set[int]:
+        successes: list[tuple[int, int]] = []
+        others: list[JobFinish] = []
+        for attempt in entries:
+            assert attempt.outcome is not None
+            if attempt.outcome.kind is OutcomeKind.SUCCEEDED:
+                successes.append((attempt.job.id, attempt.job.attempt))
+            else:
+                others.append(self._finish_row(attempt, attempt.outcome))
         written: set[int] = set()
         if successes:
             written |= await self._store.complete_succeeded(successes, self._worker_id)
@@ -116,10 +121,11 @@ class Completer:
             )
         return written
 
-    async def _write_alone(self, entry: tuple[Attempt, Outcome]) -> set[int]:
-        attempt, outcome = entry
+    async def _write_alone(self, attempt: Attempt) -> set[int]:
+        outcome = attempt.outcome
+        assert outcome is not None
         try:
-            return await self._write([entry])
+            return await self._write([attempt])
         except DatabaseUnavailable:
             raise
         except Exception as error:
@@ -129,9 +135,9 @@ class Completer:
             )
             log.error("%s: %s", attempt.description, message)
             kind = OutcomeKind.FAILED if outcome.kind is OutcomeKind.SUCCEEDED else outcome.kind
-            minimal = Outcome(kind, "OutcomeNotStorable", message)
+            attempt.outcome = Outcome(kind, "OutcomeNotStorable", message)
             try:
-                return await self._write([(attempt, minimal)])
+                return await self._write([attempt])
             except DatabaseUnavailable:
                 raise
             except Exception:

@@ -27,13 +27,13 @@ from agora_pg.errors import DatabaseUnavailable
 from agora_pg.jobs import Job
 from agora_pg.lifecycle import shutdown_signals, wait_for_event, wait_tasks_or_event
 from agora_pg.outcomes import Outcome, StopReason
-from agora_pg.runtime.database_calls import listen_until, retry_database
+from agora_pg.runtime.database_calls import Stopped, listen_until, retry_database, unless_stopped
 from agora_pg.runtime.leases import LeaseSupervisor, LeaseToken
 from agora_pg.runtime.process import ErrorWait, check_schema, new_worker_id
 from agora_pg.settings import Settings, load_settings
-from agora_pg.worker.attempts import Attempt, run_attempt
+from agora_pg.worker.attempts import DEFAULT_OPTIONS, Attempt, run_attempt
 from agora_pg.worker.completer import Completer
-from agora_pg.worker.handlers import Handler, Handlers, KindOptions
+from agora_pg.worker.handlers import Handler, Handlers, is_async_handler
 from agora_pg.worker.job_rescuer import JobRescuer
 
 log = logging.getLogger("agora_pg.worker")
@@ -41,7 +41,8 @@ log = logging.getLogger("agora_pg.worker")
 Lifespan = Callable[[], AbstractAsyncContextManager[Any]]
 T = TypeVar("T")
 
-ABORT_STEP_SECONDS = 1.0  # after a second signal, each remaining database step gets this long
+TIMEOUT_SWEEP_SECONDS = 0.1  # how often running attempts are checked against their deadline
+ABORT_STEP_SECONDS = 1.0  # after a second signal, unrecorded outcomes get this long, then are left
 
 
 class Worker:
@@ -67,6 +68,7 @@ class Worker:
             raise ValueError("give resources or lifespan, not both")
         self.handlers = dict(handlers)
         self.kind_options = {kind: handlers.options(kind) for kind in handlers} if isinstance(handlers, Handlers) else {}
+        self.async_kinds = {kind for kind, handler in self.handlers.items() if is_async_handler(handler)}
         self.resources = resources
         self.lifespan = lifespan
         self.settings = settings
@@ -148,7 +150,9 @@ class _WorkerRun:
         self.supervisor = supervisor
         self.completer = Completer(store, worker.id, settings, supervisor, random.Random())
         self.rescuer = JobRescuer(store, settings.max_lost_attempts, settings.max_retries)
-        self.running: dict[LeaseToken, Attempt] = {}  # by (job id, attempt): a job may come back
+        self.running: set[Attempt] = set()  # by identity, not job id: a job may come back to this worker
+        self.suspects_running = 0  # attempts of jobs with lost attempts (at most one is claimed at a time)
+        self.known_kinds = tuple(worker.handlers)
         self.side_tasks: list[asyncio.Task[None]] = []
         self.side_stop = asyncio.Event()
         self.claim_unsure_until = 0.0  # a claim's reply was lost: look for jobs held unknowingly
@@ -165,6 +169,7 @@ class _WorkerRun:
             "on" if settings.notifications else "off",
         )
         self._start_side(self._completer_loop(), "completer")
+        self._start_side(self._enforce_timeouts(), "timeouts")
         rescue_interval = min(max(settings.lease_seconds / 10, 0.5), 5.0)
         self._start_side(self._every(rescue_interval, self.rescuer.run_once, "rescuing jobs of lost workers"),
                          "job_rescuer")
@@ -193,7 +198,8 @@ class _WorkerRun:
                 if free > 0:
                     claimed_at = time.monotonic()
                     jobs = await self._unless_stopping(
-                        self.store.claim_jobs(settings.queues, free, worker.id, settings.lease_seconds)
+                        self.store.claim_jobs(settings.queues, free, worker.id, settings.lease_seconds,
+                                              suspect=not self.suspects_running)
                     )
                     pause.reset()
                     self._start(jobs, claimed_at)
@@ -215,17 +221,11 @@ class _WorkerRun:
 
     async def _unless_stopping(self, call: Coroutine[Any, Any, T]) -> T:
         """Await ``call`` unless the worker stops first (a claim then counts as unsure)."""
-        task = asyncio.ensure_future(call)
-        stopper = asyncio.ensure_future(self.worker._stopping.wait())
         try:
-            await asyncio.wait((task, stopper), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stopper.cancel()
-        if not task.done():
-            task.cancel()
+            return await unless_stopped(call, self.worker._stopping)
+        except Stopped:
             self.claim_unsure_until = time.monotonic() + self.settings.lease_seconds
-            raise _Stopping()
-        return task.result()
+            raise _Stopping() from None
 
     async def _adopt_unknown(self) -> None:
         """Run the jobs this worker holds without knowing it: a claim that committed but
@@ -242,16 +242,21 @@ class _WorkerRun:
         return sorted({int(token.key) for token in self.supervisor.held_tokens() if token.resource == "job"})
 
     def _start(self, jobs: Iterable[Job], claimed_at: float) -> None:
+        worker, settings = self.worker, self.settings
+        attempts = []
         for job in jobs:
-            token = LeaseToken.job(job.id, job.attempt)
-            options = self.worker.kind_options.get(job.kind, KindOptions())
-            timeout = job.timeout_seconds or options.timeout or self.settings.job_timeout
-            attempt = Attempt(job, token, self.worker.handlers.get(job.kind), options, timeout,
-                              known_kinds=tuple(self.worker.handlers))
-            self.supervisor.hold(token, attempt.stop, claimed_at)
+            options = worker.kind_options.get(job.kind, DEFAULT_OPTIONS)
+            timeout = job.timeout_seconds or options.timeout or settings.job_timeout
+            attempt = Attempt(
+                job, worker.handlers.get(job.kind), job.kind in worker.async_kinds, options, timeout,
+                deadline=None if timeout is None else claimed_at + timeout, known_kinds=self.known_kinds,
+            )
             attempt.task = asyncio.create_task(self._run(attempt), name=f"job-{job.id}")
-            self.supervisor.attach(token, attempt.task, attempt.description)
-            self.running[token] = attempt
+            self.running.add(attempt)
+            if job.lost_count:
+                self.suspects_running += 1
+            attempts.append(attempt)
+        self.supervisor.hold(attempts, claimed_at)
 
     async def _run(self, attempt: Attempt) -> Outcome | None:
         try:
@@ -259,19 +264,35 @@ class _WorkerRun:
             if outcome is not None:
                 if outcome.traceback is not None:
                     log.warning("%s failed: %s\n%s", attempt.description, outcome.error_message, outcome.traceback)
-                self.completer.add(attempt, outcome)
+                attempt.outcome = outcome
+                self.completer.add(attempt)
             return outcome
         finally:
             if not attempt.in_thread:
-                self.running.pop(attempt.token, None)
+                self.running.discard(attempt)
+                if attempt.job.lost_count:
+                    self.suspects_running -= 1
+                # The outcome may wait a while to be written: let the task (and its context)
+                # go now rather than keep thousands alive for the garbage collector to scan.
+                attempt.task = None
             self.worker._wakeup.set()
+
+    async def _enforce_timeouts(self) -> None:
+        """Stop attempts past their deadline (one sweep every ``TIMEOUT_SWEEP_SECONDS``
+        costs less than a timer per job)."""
+        while not self.side_stop.is_set():
+            now = time.monotonic()
+            for attempt in list(self.running):
+                if attempt.deadline is not None and now >= attempt.deadline and attempt.stop_reason is None:
+                    attempt.stop(StopReason.TIMEOUT)
+            await wait_for_event(self.side_stop, TIMEOUT_SWEEP_SECONDS)
 
     def _on_enqueue(self, queue: str) -> None:
         if queue in self.settings.queues:
             self.worker._wakeup.set()
 
     def _on_cancel(self, payload: str) -> None:
-        for attempt in list(self.running.values()):
+        for attempt in list(self.running):
             if str(attempt.job.id) == payload:
                 attempt.stop(StopReason.CANCEL_REQUESTED)
 
@@ -291,7 +312,9 @@ class _WorkerRun:
     async def _every(self, interval: float, action: Callable[[], Coroutine[Any, Any, Any]], what: str) -> None:
         while not self.side_stop.is_set():
             try:
-                await action()
+                await unless_stopped(action(), self.side_stop)
+            except Stopped:
+                return
             except DatabaseUnavailable as error:
                 log.warning("%s: %s", what, error)
             except Exception:  # a side service never ends on an error
@@ -326,34 +349,42 @@ class _WorkerRun:
         """Let running jobs finish within the grace period, stop the rest (a sync handler's
         thread cannot be stopped: its job is left held), record every outcome, give back
         jobs claimed but never started, then stop the side services. Every database step
-        is bounded; after a second signal, by ``ABORT_STEP_SECONDS``."""
+        is bounded; after a second signal only outcomes are written, for at most
+        ``ABORT_STEP_SECONDS``."""
         worker = self.worker
-        tasks = [attempt.task for attempt in self.running.values() if attempt.task is not None]
+        tasks = [attempt.task for attempt in self.running if attempt.task is not None]
         if tasks and not worker._aborting.is_set():
             log.info("waiting up to %.0fs for %d running job(s)", self.settings.shutdown_timeout, len(tasks))
             await wait_tasks_or_event(tasks, worker._aborting, self.settings.shutdown_timeout)
-        for attempt in list(self.running.values()):
+        for attempt in list(self.running):
             attempt.stop(StopReason.SHUTDOWN)
         if tasks:
             await asyncio.wait(tasks, timeout=5)
         self.side_stop.set()
         await asyncio.gather(*self.side_tasks, return_exceptions=True)
         await self._drain_completer()
-        left = [attempt for attempt in self.running.values() if attempt.in_thread]
+        for attempt in self.running:
+            if attempt.in_thread:
+                log.warning("%s is still running in its thread: left as it is, not released; once this "
+                            "process exits its lease expires and the job is rescued", attempt.description)
+        if worker._aborting.is_set():  # stopping at once: leases expire, the worker row goes quiet
+            log.info("worker %s stopped at once", worker.id)
+            return
         await self._bounded(
             self.store.release_unstarted_jobs(worker.id, self._held_job_ids()),
             "giving back jobs claimed but not started",
         )
-        for attempt in left:
-            log.warning("%s is still running in its thread: left as it is, not released; once this "
-                        "process exits its lease expires and the job is rescued", attempt.description)
         await self._bounded(self.store.stop_worker(worker.id), "recording the worker's stop")
         log.info("worker %s stopped", worker.id)
 
     async def _bounded(self, call: Coroutine[Any, Any, Any], what: str) -> None:
-        seconds = ABORT_STEP_SECONDS if self.worker._aborting.is_set() else self.settings.database_timeout
+        """A database step at shutdown: within the deadline, and given up at a second signal."""
+        if self.worker._aborting.is_set():
+            call.close()
+            log.warning("%s at shutdown: skipped (stopping at once)", what)
+            return
         try:
-            await asyncio.wait_for(call, seconds)
+            await unless_stopped(asyncio.wait_for(call, self.settings.database_timeout), self.worker._aborting)
         except (DatabaseUnavailable, TimeoutError) as error:
             log.warning("%s at shutdown: %s", what, error or "no answer in time")
         except Exception:

@@ -1,14 +1,17 @@
 """The worker module for scheduled-pipeline acceptance tests, configured by environment:
 
 PIPELINE_SCHEDULE (every1s | hourly | once), PIPELINE_SLEEP (seconds a run takes),
-PIPELINE_FAIL (1: every run raises), PIPELINE_BACKOFF, PIPELINE_MAX_ERRORS.
-Every run records its start and end in public.pipeline_events.
+PIPELINE_FAIL (1: every run raises), PIPELINE_EXIT (1: every run kills its process),
+PIPELINE_BACKOFF, PIPELINE_MAX_ERRORS.
+Every run records its start and end in public.pipeline_events, or, with LEDGER_DIR
+set, in a file there (one per process), which needs no database.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import time
 
 import asyncpg
 
@@ -27,8 +30,18 @@ SCHEDULES = {
 }
 
 
+def _ledger(event: str) -> None:
+    with open(os.path.join(os.environ["LEDGER_DIR"], f"pipeline-{os.getpid()}.log"), "a") as ledger_file:
+        ledger_file.write(f"pipeline {os.getpid()} {event} {time.time():.6f}\n")
+
+
 class RecordedRun:
     async def run(self) -> None:
+        if os.environ.get("PIPELINE_EXIT") == "1":
+            os._exit(9)  # as running out of memory would
+        if os.environ.get("LEDGER_DIR"):
+            await self._run_on_file()
+            return
         connection = await asyncpg.connect(os.environ["AGORA_PG_DATABASE_URL"])
         try:
             event = await connection.fetchval(
@@ -41,6 +54,15 @@ class RecordedRun:
             await connection.close()
         if os.environ.get("PIPELINE_FAIL") == "1":
             raise RuntimeError("source unavailable")
+
+    async def _run_on_file(self) -> None:
+        _ledger("start")
+        try:
+            await asyncio.sleep(float(os.environ.get("PIPELINE_SLEEP", "0")))
+        except asyncio.CancelledError:
+            _ledger("stopped")
+            raise
+        _ledger("end")
 
 
 async def build() -> RecordedRun:

@@ -65,9 +65,14 @@ async def status_is(database_url: str, job_id: int, status: str) -> bool:
 async def eventually(check: Callable[[], object], timeout: float, what: str) -> None:
     import asyncio
 
+    import inspect
+
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if await check():  # type: ignore[misc]
+        result = check()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
             return
         await asyncio.sleep(0.1)
     raise AssertionError(f"{what} did not happen within {timeout}s")

@@ -2,8 +2,9 @@
 
 Most handlers record the job in ``public.executions`` (job id primary key), so a
 job that ran twice would fail on the second insert and show up. The failure-path
-handlers write a ledger instead (``public.ledger``, no unique key: duplicates stay
-visible), with the time each execution started and ended.
+handlers write a ledger instead: one file per process in ``$LEDGER_DIR``, a line
+per event (start, end, stopped) with its time, so duplicates stay visible and
+executions are recorded even while the database is away.
 """
 
 from __future__ import annotations
@@ -22,14 +23,6 @@ from agora_pg import Job, Worker
 CREATE_EXECUTIONS = """
 CREATE TABLE IF NOT EXISTS public.executions (
     job_id bigint PRIMARY KEY, attempt int NOT NULL, pid int NOT NULL
-)
-"""
-
-
-CREATE_LEDGER = """
-CREATE TABLE IF NOT EXISTS public.ledger (
-    job_id bigint NOT NULL, attempt int NOT NULL, pid int NOT NULL,
-    started_at timestamptz NOT NULL, finished_at timestamptz
 )
 """
 
@@ -55,55 +48,43 @@ async def hang_first_attempt(job: Job, pool: asyncpg.Pool) -> None:
     await _record(job, pool)
 
 
-async def _ledger_start(job: Job, pool: asyncpg.Pool) -> None:
-    await pool.execute(
-        "INSERT INTO public.ledger (job_id, attempt, pid, started_at) VALUES ($1, $2, $3, clock_timestamp())",
-        job.id, job.attempt, os.getpid(),
-    )
-
-
-async def _ledger_end(job: Job, pool: asyncpg.Pool) -> None:
-    await pool.execute(
-        "UPDATE public.ledger SET finished_at = clock_timestamp() WHERE job_id = $1 AND attempt = $2 AND pid = $3",
-        job.id, job.attempt, os.getpid(),
-    )
+def _ledger(job: Job, event: str) -> None:
+    """Append ``job attempt pid event time`` to this process's ledger file in $LEDGER_DIR: a
+    ledger that needs no database, so it records executions while the database is away."""
+    path = os.path.join(os.environ["LEDGER_DIR"], f"{os.getpid()}.log")
+    with open(path, "a") as ledger_file:
+        ledger_file.write(f"{job.id} {job.attempt} {os.getpid()} {event} {time.time():.6f}\n")
 
 
 async def ledger(job: Job, pool: asyncpg.Pool) -> None:
-    """Record the execution, take ``seconds``, record its end."""
-    await _ledger_start(job, pool)
-    await asyncio.sleep(float(job.payload.get("seconds", 0)))
-    await _ledger_end(job, pool)
+    """Record the execution's start, take ``seconds``, record its end (or that it was stopped)."""
+    _ledger(job, "start")
+    try:
+        await asyncio.sleep(float(job.payload.get("seconds", 0)))
+    except asyncio.CancelledError:
+        _ledger(job, "stopped")
+        raise
+    _ledger(job, "end")
 
 
 async def exit_process(job: Job, pool: asyncpg.Pool) -> None:
     """Kill the worker process (as running out of memory would)."""
-    await _ledger_start(job, pool)
+    _ledger(job, "start")
     os._exit(int(job.payload.get("code", 9)))
 
 
 async def block_loop(job: Job, pool: asyncpg.Pool) -> None:
     """An async handler that blocks the event loop with time.sleep."""
-    await _ledger_start(job, pool)
+    _ledger(job, "start")
     time.sleep(float(job.payload["seconds"]))
-    await _ledger_end(job, pool)
+    _ledger(job, "end")
 
 
 def sync_sleep(job: Job, pool: asyncpg.Pool) -> None:
-    """A sync handler (run in a thread) that takes ``seconds``; it writes its ledger rows
-    through a connection of its own."""
-    async def write(sql: str) -> None:
-        connection = await asyncpg.connect(os.environ["AGORA_PG_DATABASE_URL"])
-        try:
-            await connection.execute(sql, job.id, job.attempt, os.getpid())
-        finally:
-            await connection.close()
-
-    asyncio.run(write("INSERT INTO public.ledger (job_id, attempt, pid, started_at) "
-                      "VALUES ($1, $2, $3, clock_timestamp())"))
+    """A sync handler (run in a thread) that takes ``seconds``."""
+    _ledger(job, "start")
     time.sleep(float(job.payload["seconds"]))
-    asyncio.run(write("UPDATE public.ledger SET finished_at = clock_timestamp() "
-                      "WHERE job_id = $1 AND attempt = $2 AND pid = $3"))
+    _ledger(job, "end")
 
 
 @contextlib.asynccontextmanager

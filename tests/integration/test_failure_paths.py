@@ -46,8 +46,8 @@ async def test_a_claim_whose_reply_was_lost_is_run_by_the_worker_that_holds_it(
     claim = store.claim_jobs
     lost = []
 
-    async def claim_then_lose_the_reply(*args: Any) -> list[Job]:
-        jobs = await claim(*args)
+    async def claim_then_lose_the_reply(*args: Any, **kwargs: Any) -> list[Job]:
+        jobs = await claim(*args, **kwargs)
         if jobs and not lost:
             lost.append(jobs)
             raise DatabaseUnavailable("connection lost before the reply (simulated)")

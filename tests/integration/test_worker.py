@@ -13,7 +13,6 @@ import pytest
 from agora_pg import Job, JobStatus, Queue, Retry, SchemaNotReady, Settings, Worker
 from agora_pg.db.store import Store
 from agora_pg.outcomes import outcome_of
-from agora_pg.runtime.leases import LeaseToken
 from agora_pg.worker.attempts import Attempt
 from agora_pg.worker.completer import Completer
 from agora_pg.worker.handlers import KindOptions
@@ -60,7 +59,7 @@ async def _is(store: Store, job_id: int, status: JobStatus) -> bool:
 
 def attempt_of(job: Job) -> Attempt:
     """A claimed job as the worker holds it, with no handler."""
-    return Attempt(job, LeaseToken.job(job.id, job.attempt), None, KindOptions(), None)
+    return Attempt(job, None, False, KindOptions(), None)
 
 
 async def test_retries_to_exhaustion_step_by_step(queue: Queue, store: Store, settings: Settings) -> None:
@@ -70,7 +69,9 @@ async def test_retries_to_exhaustion_step_by_step(queue: Queue, store: Store, se
     for failure in (1, 2, 3):
         [claimed] = await store.claim_jobs(["default"], 1, "w", 30)
         assert claimed.id == job.id and claimed.attempt == failure
-        completer.add(attempt_of(claimed), outcome_of(ValueError(f"bad input #{failure}")))
+        attempt = attempt_of(claimed)
+        attempt.outcome = outcome_of(ValueError(f"bad input #{failure}"))
+        completer.add(attempt)
         before = datetime.now(UTC)
         await completer.flush_once()
         after = await store.get_job(job.id)

@@ -1,0 +1,436 @@
+"""Failure paths with real `agora-pg worker` processes: a claim whose reply is lost, a
+database that goes silent, backends terminated or cancelled under a worker, transient
+server errors, handlers that block the event loop or kill their process, a sync
+handler at shutdown. Executions are counted in a ledger of files (see worker_app), so
+a duplicate or an overlap shows even while the database is away."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import signal
+import subprocess
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import asyncpg
+import pytest
+
+from agora_pg import JobSpec, Queue
+from agora_pg.db import migrate
+from agora_pg.db.connect import Database
+from agora_pg.db.store import Store
+
+from ..conftest import Processes, Server
+from ..faults import PgProxy, PrivateServer, proxied
+from .test_scheduled_processes import start_pool
+from .test_worker_processes import eventually, scalar, start_worker, stop
+
+pytestmark = pytest.mark.acceptance
+
+
+@dataclasses.dataclass
+class Execution:
+    job_id: int
+    attempt: int
+    pid: int
+    started: float
+    ended: float | None = None  # returned normally
+    stopped: float | None = None  # stopped by agora-pg (timeout, lease, shutdown)
+
+
+def executions(ledger_dir: Path) -> list[Execution]:
+    """Every execution the handlers wrote to the ledger files, in start order."""
+    found: dict[tuple[int, int, int], Execution] = {}
+    for path in ledger_dir.glob("[0-9]*.log"):  # (pipeline runs write pipeline-<pid>.log)
+        for line in path.read_text().splitlines():
+            job, attempt, pid, event, at = line.split()
+            key = (int(job), int(attempt), int(pid))
+            if event == "start":
+                found[key] = Execution(*key, started=float(at))
+            elif event == "end":
+                found[key].ended = float(at)
+            else:
+                found[key].stopped = float(at)
+    return sorted(found.values(), key=lambda execution: execution.started)
+
+
+def completed_once(ledger_dir: Path) -> dict[int, int]:
+    """Job id -> how many executions ran to their end."""
+    counts: dict[int, int] = defaultdict(int)
+    for execution in executions(ledger_dir):
+        if execution.ended is not None:
+            counts[execution.job_id] += 1
+    return counts
+
+
+@pytest.fixture
+def ledger_dir(tmp_path: Path) -> Path:
+    directory = tmp_path / "ledger"
+    directory.mkdir()
+    return directory
+
+
+def dbname(url: str) -> str:
+    return urlsplit(url).path.lstrip("/")
+
+
+@pytest.fixture
+def proxy(pg_server: Server) -> Iterator[PgProxy]:
+    with proxied(pg_server.host, pg_server.port) as running_proxy:
+        yield running_proxy
+
+
+async def job_row(url: str, job_id: int) -> asyncpg.Record:
+    connection = await asyncpg.connect(url)
+    try:
+        return await connection.fetchrow("SELECT * FROM agora.jobs WHERE id = $1", job_id)
+    finally:
+        await connection.close()
+
+
+async def run_rows(url: str, job_id: int) -> list[tuple[int, str, str | None]]:
+    connection = await asyncpg.connect(url)
+    try:
+        rows = await connection.fetch(
+            "SELECT attempt, status, error_type FROM agora.runs WHERE job_id = $1 ORDER BY attempt, id", job_id
+        )
+    finally:
+        await connection.close()
+    return [(row["attempt"], row["status"], row["error_type"]) for row in rows]
+
+
+async def status_of(url: str, job_id: int) -> str:
+    return str(await scalar(url, "SELECT status FROM agora.jobs WHERE id = $1", job_id))
+
+
+async def all_done(url: str, count: int) -> bool:
+    return await scalar(url, "SELECT count(*) FROM agora.jobs WHERE status = 'done'") == count
+
+
+def alive(process: subprocess.Popen[bytes]) -> bool:
+    return process.poll() is None
+
+
+# -- a claim whose reply is lost -----------------------------------------------------------
+
+
+async def test_a_claim_whose_reply_is_lost_is_run_by_its_worker_at_once(
+    queue: Queue, database_url: str, proxy: PgProxy, processes: Processes, ledger_dir: Path
+) -> None:
+    job = await queue.enqueue("ledger")
+    proxy.lose_reply_to(b"SET status = 'processing'")  # the worker's first claim commits, unanswered
+    worker = start_worker(processes, proxy.url(dbname(database_url)), WORKER_LEASE_SECONDS="30",
+                          LEDGER_DIR=str(ledger_dir))
+    started = time.monotonic()
+    await eventually(lambda: status_is_done(database_url, job.id), 20, "the job running despite the lost reply")
+    assert time.monotonic() - started < 20  # far sooner than the 30 s lease would have expired
+    code, output = stop(worker)
+    assert code == 0, output
+    assert proxy.replies_lost == 1
+    assert "claimed by a call whose reply was lost" in output, output
+    assert completed_once(ledger_dir) == {job.id: 1}
+    assert await run_rows(database_url, job.id) == [(1, "succeeded", None)]
+    assert (await job_row(database_url, job.id))["lost_count"] == 0
+
+
+async def status_is_done(url: str, job_id: int) -> bool:
+    return await status_of(url, job_id) == "done"
+
+
+# -- a database that goes silent -----------------------------------------------------------
+
+
+async def test_sigterm_stops_a_worker_whose_database_is_silent(
+    database_url: str, proxy: PgProxy, processes: Processes
+) -> None:
+    url = proxy.url(dbname(database_url))
+    graceful = start_worker(processes, url, AGORA_PG_DATABASE_TIMEOUT="3")
+    hurried = start_worker(processes, url, AGORA_PG_DATABASE_TIMEOUT="3")
+    await eventually(lambda: _workers_registered(database_url, 2), 30, "both workers starting")
+    proxy.hold()  # nothing refused, nothing answered
+    await asyncio.sleep(1.0)
+    started = time.monotonic()
+    os.kill(graceful.pid, signal.SIGTERM)
+    os.kill(hurried.pid, signal.SIGTERM)
+    await asyncio.sleep(0.5)
+    os.kill(hurried.pid, signal.SIGTERM)  # the second signal: stop at once
+    hurried.wait(timeout=10)
+    hurried_took = time.monotonic() - started
+    graceful.wait(timeout=60)
+    graceful_took = time.monotonic() - started
+    outputs = [process.stdout.read().decode(errors="replace") if process.stdout else "" for process in (hurried, graceful)]
+    assert hurried_took < 4, (hurried_took, outputs[0])
+    assert graceful_took < 25, (graceful_took, outputs[1])  # every step at shutdown has a deadline
+    assert hurried.returncode == graceful.returncode == 0, outputs
+
+
+async def _workers_registered(url: str, count: int) -> bool:
+    return await scalar(url, "SELECT count(*) FROM agora.workers") == count
+
+
+async def test_a_stall_longer_than_the_lease_never_runs_a_job_or_a_pipeline_twice_at_once(
+    tmp_path: Path, processes: Processes, ledger_dir: Path
+) -> None:
+    """The test's own PostgreSQL is stopped for longer than the lease while a 6 s job and a
+    6 s pipeline run: the workers stop them before their leases expire, and after the
+    restart they run again, never beside an earlier execution."""
+    server = PrivateServer(tmp_path)
+    try:
+        url = server.url()
+        store = Store.open(Database(url), pool_size=1)
+        try:
+            await migrate.upgrade(store)
+            [job] = await store.enqueue([JobSpec("ledger", {"seconds": 6})])
+        finally:
+            await store.close()
+        job_id = job[0].id
+        workers = [start_worker(processes, url, LEDGER_DIR=str(ledger_dir), AGORA_PG_DATABASE_TIMEOUT="2")
+                   for _ in range(2)]
+        pools = [start_pool(processes, url, PIPELINE_SCHEDULE="every1s", PIPELINE_SLEEP="6", PIPELINE_BACKOFF="0.2",
+                            LEDGER_DIR=str(ledger_dir), AGORA_PG_DATABASE_TIMEOUT="2") for _ in range(2)]
+        await eventually(lambda: _job_and_pipeline_running(ledger_dir), 30, "the job and a pipeline run starting")
+        await asyncio.to_thread(server.stop, "fast")
+        await asyncio.sleep(2 * 2 + 1)  # two 2 s leases and more
+        await asyncio.to_thread(server.start)
+        await eventually(lambda: status_is_done(url, job_id), 60, "the job running to its end after the restart")
+        await eventually(lambda: _pipeline_ended(ledger_dir), 60, "a pipeline run ending after the restart")
+        for process in workers + pools:
+            assert alive(process)
+            code, output = stop(process)
+            assert code == 0, output
+        job_executions = [e for e in executions(ledger_dir) if e.job_id == job_id]
+        assert sum(1 for e in job_executions if e.ended is not None) == 1
+        assert job_executions[0].stopped is not None  # the first was stopped when its lease could not be renewed
+        _assert_never_two_at_once([(e.started, e.ended or e.stopped) for e in job_executions])
+        _assert_never_two_at_once(_pipeline_runs(ledger_dir))
+        final = await job_row(url, job_id)
+        assert (final["status"], final["retry_count"]) == ("done", 0)
+    finally:
+        server.cleanup()
+
+
+def _job_and_pipeline_running(ledger_dir: Path) -> bool:
+    files = list(ledger_dir.glob("*.log"))
+    return any(f.name.startswith("pipeline-") for f in files) and any(not f.name.startswith("pipeline-") for f in files)
+
+
+def _pipeline_runs(ledger_dir: Path) -> list[tuple[float, float | None]]:
+    order: list[tuple[float, float | None]] = []
+    for path in ledger_dir.glob("pipeline-*.log"):
+        started: float | None = None
+        for line in path.read_text().splitlines():
+            _kind, _pid, event, at = line.split()
+            if event == "start":
+                started = float(at)
+            elif started is not None:
+                order.append((started, float(at)))
+                started = None
+        if started is not None:
+            order.append((started, None))
+    return sorted(order)
+
+
+def _pipeline_ended(ledger_dir: Path) -> bool:
+    return any(line.split()[2] == "end" for path in ledger_dir.glob("pipeline-*.log")
+               for line in path.read_text().splitlines())
+
+
+def _assert_never_two_at_once(intervals: list[tuple[float, float | None]]) -> None:
+    intervals = sorted(intervals)
+    for (start, end), (next_start, _next_end) in zip(intervals, intervals[1:]):
+        assert end is not None, f"an execution that started at {start} has no end, yet another began"
+        assert next_start >= end, f"two executions at once: one until {end}, the next from {next_start}"
+
+
+# -- backends terminated or cancelled, transient server errors ------------------------------
+
+
+@pytest.mark.parametrize("fault", ["terminate", "cancel"])
+async def test_a_worker_keeps_draining_while_its_backends_are_killed(
+    queue: Queue, database_url: str, processes: Processes, ledger_dir: Path, fault: str
+) -> None:
+    await queue.enqueue_many([JobSpec("ledger", {"seconds": 0.01}) for _ in range(600)])
+    workers = [start_worker(processes, database_url, "--concurrency", "20", LEDGER_DIR=str(ledger_dir),
+                            WORKER_LEASE_SECONDS="5") for _ in range(2)]
+    function = "pg_terminate_backend" if fault == "terminate" else "pg_cancel_backend"
+    killer = await asyncpg.connect(database_url)
+    deadline = time.monotonic() + 120
+    strikes = 0
+    try:
+        while not await all_done(database_url, 600):
+            assert time.monotonic() < deadline, "the drain did not finish"
+            assert all(alive(w) for w in workers), [stop(w)[1][-3000:] for w in workers if not alive(w)]
+            strikes += await killer.fetchval(
+                f"SELECT count({function}(pid)) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            await asyncio.sleep(1.0)
+    finally:
+        await killer.close()
+    assert strikes > 0
+    for worker in workers:
+        assert alive(worker)
+        code, output = stop(worker)
+        assert code == 0, output[-3000:]
+        assert "stopped unexpectedly" not in output and "crashed" not in output
+    completions = completed_once(ledger_dir)
+    assert len(completions) == 600
+    # a job may complete twice only where its lease was lost (at-least-once), never otherwise
+    twice = [job for job, count in completions.items() if count > 1]
+    explained = await scalar(
+        database_url, "SELECT count(*) FROM agora.jobs WHERE id = ANY($1::bigint[]) AND lost_count > 0", twice
+    )
+    assert explained == len(twice), twice
+
+
+@pytest.mark.parametrize("cause", ["lock_timeout", "idle_session_timeout"])
+async def test_transient_server_errors_are_waited_out(
+    queue: Queue, database_url: str, processes: Processes, ledger_dir: Path, cause: str
+) -> None:
+    name = dbname(database_url)
+    setting = "lock_timeout = '100ms'" if cause == "lock_timeout" else "idle_session_timeout = '400ms'"
+    await scalar(database_url, f'ALTER DATABASE "{name}" SET {setting}')
+    worker = start_worker(processes, database_url, LEDGER_DIR=str(ledger_dir))
+    await eventually(lambda: _workers_registered(database_url, 1), 30, "the worker starting")
+    holder = await asyncpg.connect(database_url)
+    try:
+        if cause == "lock_timeout":  # as a migration holding the table would
+            async with holder.transaction():
+                await holder.execute("LOCK TABLE agora.jobs IN ACCESS EXCLUSIVE MODE")
+                await asyncio.sleep(3)
+            await queue.enqueue_many([JobSpec("ledger") for _ in range(20)])
+        else:  # jobs trickling in at 10 a second while idle connections are closed under the worker
+            for _ in range(30):
+                await queue.enqueue("ledger")
+                await asyncio.sleep(0.1)
+    finally:
+        await holder.close()
+    expected = 20 if cause == "lock_timeout" else 30
+    await eventually(lambda: all_done(database_url, expected), 30, "every job done")
+    assert alive(worker)
+    code, output = stop(worker)
+    assert code == 0, output[-3000:]
+    assert "retrying in" in output  # it said what it was waiting for
+    assert set(completed_once(ledger_dir).values()) == {1}
+
+
+# -- handlers that misbehave --------------------------------------------------------------
+
+
+async def test_an_async_handler_blocking_the_loop_keeps_its_lease_and_is_named(
+    queue: Queue, database_url: str, processes: Processes, ledger_dir: Path
+) -> None:
+    job = await queue.enqueue("block_loop", {"seconds": 5})  # 2.5 leases of 2 s
+    blocked = start_worker(processes, database_url, LEDGER_DIR=str(ledger_dir))
+    await eventually(lambda: _started(ledger_dir, job.id), 30, "the job starting")
+    other = start_worker(processes, database_url, LEDGER_DIR=str(ledger_dir))  # would rescue an expired lease
+    await eventually(lambda: status_is_done(database_url, job.id), 30, "the job finishing")
+    codes = [stop(worker) for worker in (blocked, other)]
+    assert all(code == 0 for code, _output in codes), codes
+    output = codes[0][1]
+    assert f"the event loop has been blocked for" in output
+    assert f"job {job.id} (kind 'block_loop', handler worker_app.block_loop)" in output
+    assert "make the handler a plain def" in output
+    assert completed_once(ledger_dir) == {job.id: 1}
+    assert await run_rows(database_url, job.id) == [(1, "succeeded", None)]
+
+
+def _started(ledger_dir: Path, job_id: int) -> bool:
+    return any(e.job_id == job_id for e in executions(ledger_dir))
+
+
+async def test_a_job_that_kills_its_process_fails_alone_and_its_neighbours_keep_their_retries(
+    queue: Queue, database_url: str, processes: Processes, ledger_dir: Path
+) -> None:
+    neighbours = await queue.enqueue_many([JobSpec("ledger", {"seconds": 0.2}) for _ in range(200)])
+    killer = await queue.enqueue("exit_process")
+    workers = [start_worker(processes, database_url, "--concurrency", "10", LEDGER_DIR=str(ledger_dir))
+               for _ in range(3)]
+    deaths = 0
+    deadline = time.monotonic() + 120
+    while not (await all_done(database_url, 200) and await status_of(database_url, killer.id) == "failed"):
+        assert time.monotonic() < deadline, "the jobs did not settle"
+        for index, worker in enumerate(workers):
+            if not alive(worker):
+                deaths += 1
+                assert worker.returncode == 9
+                workers[index] = start_worker(processes, database_url, "--concurrency", "10",
+                                              LEDGER_DIR=str(ledger_dir))
+        await asyncio.sleep(0.2)
+    for worker in workers:
+        code, output = stop(worker)
+        assert code == 0, output[-3000:]
+    failed = await job_row(database_url, killer.id)
+    assert (failed["lost_count"], failed["retry_count"]) == (3, 0)
+    assert failed["error_message"].endswith("(3 lost attempts: not retried)")
+    assert deaths == 3
+    connection = await asyncpg.connect(database_url)
+    try:
+        charged = await connection.fetchval(
+            "SELECT count(*) FROM agora.jobs WHERE id = ANY($1::bigint[]) AND (retry_count > 0 OR status <> 'done')",
+            [job.id for job in neighbours],
+        )
+    finally:
+        await connection.close()
+    assert charged == 0  # neighbours lost at most an attempt each, never their retries
+
+
+async def test_a_sync_handler_still_running_at_shutdown_is_not_released_beside_its_thread(
+    queue: Queue, database_url: str, processes: Processes, ledger_dir: Path
+) -> None:
+    job = await queue.enqueue("sync_sleep", {"seconds": 4})
+    first = start_worker(processes, database_url, LEDGER_DIR=str(ledger_dir), WORKER_SHUTDOWN_TIMEOUT="0.5")
+    await eventually(lambda: _started(ledger_dir, job.id), 30, "the job starting")
+    started = time.monotonic()
+    code, output = stop(first, timeout=30)
+    assert code == 0, output
+    assert time.monotonic() - started < 10  # the thread does not keep the process alive
+    exited_at = time.time()
+    assert "still running in its thread: left as it is, not released" in output
+    row = await job_row(database_url, job.id)
+    assert row["status"] == "processing"  # not released while its thread might still run
+    second = start_worker(processes, database_url, LEDGER_DIR=str(ledger_dir))
+    await eventually(lambda: status_is_done(database_url, job.id), 30, "another worker running it after the lease")
+    code, output = stop(second)
+    assert code == 0, output
+    [cut, again] = [e for e in executions(ledger_dir) if e.job_id == job.id]
+    assert cut.ended is None and again.ended is not None
+    assert again.started > exited_at  # never beside the first thread
+    assert (await job_row(database_url, job.id))["lost_count"] == 1
+
+
+# -- pipeline runs that kill their process ---------------------------------------------
+
+
+async def test_a_pipeline_run_that_kills_its_process_backs_off_and_stops_the_schedule(
+    database_url: str, processes: Processes
+) -> None:
+    env = {"PIPELINE_EXIT": "1", "PIPELINE_BACKOFF": "0.2", "PIPELINE_MAX_ERRORS": "3"}
+    pool = start_pool(processes, database_url, **env)
+    exits: list[int] = []
+    deadline = time.monotonic() + 90
+    while True:
+        assert time.monotonic() < deadline, f"the schedule did not stop; exits so far {exits}"
+        if alive(pool):
+            await asyncio.sleep(0.2)
+            continue
+        exits.append(pool.returncode)
+        if pool.returncode != 9:
+            break
+        pool = start_pool(processes, database_url, **env)
+    output = pool.stdout.read().decode() if pool.stdout else ""
+    assert exits == [9, 9, 9, 1], exits  # three runs killed their process; the fourth start stops
+    assert "stopped after 3 consecutive errors" in output and "WorkerLost" in output
+    connection = await asyncpg.connect(database_url)
+    try:
+        row = await connection.fetchrow("SELECT state, consecutive_errors FROM agora.schedules")
+        runs = await connection.fetch("SELECT status, error_type FROM agora.runs ORDER BY id")
+    finally:
+        await connection.close()
+    assert (row["state"], row["consecutive_errors"]) == ("stopped", 3)
+    assert [(r["status"], r["error_type"]) for r in runs] == [("abandoned", "WorkerLost")] * 3
