@@ -147,7 +147,7 @@ def _timeout(field: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidJob(field, f"expected a number of seconds, got {type(value).__name__}")
     if not 0 < value <= MAX_TIMEOUT_SECONDS:  # (also refuses NaN)
-        raise InvalidJob(field, f"must be more than 0 and at most {MAX_TIMEOUT_SECONDS:g} seconds, got {value!r}")
+        raise InvalidJob(field, f"must be more than 0 and at most {MAX_TIMEOUT_SECONDS:.0f} seconds (a year), got {value!r}")
 
 
 def _whole_number(field: str, value: object, *, minimum: int) -> None:

@@ -208,3 +208,69 @@ async def test_dev_on_the_embedded_server_reuses_its_data(tmp_path: Path, proces
     output = await dev_session(first)
     assert f"host={tmp_path / '.agora-pg'}" in output
     await dev_session(second)
+
+
+async def test_timeouts_cancels_fail_and_tracebacks_over_http_and_the_cli(
+    database_url: str, processes: Processes, tmp_path: Path
+) -> None:
+    port = free_port()
+    env = worker_env(database_url, LEDGER_DIR=str(tmp_path))
+    api = processes.start(cli("api", "--port", str(port)), env, REPO)
+    worker = processes.start(cli("worker", "--module", "worker_app"), env, REPO / "tests" / "acceptance")
+    base = f"http://127.0.0.1:{port}"
+    await wait_ready(base, api)
+    async with httpx.AsyncClient(base_url=base, timeout=10) as client:
+        bad = await client.post("/jobs", json={"kind": "slow", "timeout_seconds": -1})
+        assert bad.status_code == 400 and bad.json()["field"] == "timeout_seconds", bad.text
+
+        timed = (await client.post("/jobs", json={"kind": "slow", "payload": {"seconds": 60},
+                                                  "timeout_seconds": 0.5, "max_retries": 1})).json()
+        assert timed["timeout_seconds"] == 0.5
+        failed = await wait_status(client, timed["id"], "failed", timeout=30)
+        assert failed["error_message"].startswith("JobTimeout: the attempt ran longer than its timeout of 0.5s")
+        assert [run["error_type"] for run in failed["runs"]] == ["JobTimeout"]
+
+        refused = (await client.post("/jobs", json={"kind": "refuse", "payload": {"card": 42}, "max_retries": 5})).json()
+        refused = await wait_status(client, refused["id"], "failed", timeout=30)
+        assert (refused["retry_count"], refused["max_retries"]) == (1, 1)  # Fail: not retried
+        [run] = refused["runs"]
+        assert run["traceback"].rstrip().endswith("agora_pg.errors.Fail: card 42 declined")
+        assert "in refuse" in run["traceback"]
+
+        for kind, payload in (("slow", {"seconds": 60}), ("sync_sleep", {"seconds": 2})):
+            running = (await client.post("/jobs", json={"kind": kind, "payload": payload})).json()
+            await wait_status(client, running["id"], "processing", timeout=30)
+            asked = await client.post(f"/jobs/{running['id']}/cancel")
+            assert asked.status_code == 200 and asked.json()["cancel_requested_at"] is not None, asked.text
+            started = time.monotonic()
+            cancelled = await wait_status(client, running["id"], "cancelled", timeout=30)
+            took = time.monotonic() - started
+            assert [r["status"] for r in cancelled["runs"]] == ["cancelled"]
+            if kind == "slow":
+                assert took < 2  # an async handler stops within about a second
+            else:
+                assert took > 1  # a sync handler's thread cannot be interrupted: it finished first
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(cli(*args), env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
+
+    submitted = run("jobs", "submit", "slow", "--payload", '{"seconds": 60}')
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.splitlines()[2].split()[0]
+    async with httpx.AsyncClient(base_url=base, timeout=10) as client:
+        await wait_status(client, int(job_id), "processing", timeout=30)
+        cancelled = run("jobs", "cancel", job_id)
+        assert cancelled.returncode == 0 and "processing" in cancelled.stdout, cancelled.stderr
+        await wait_status(client, int(job_id), "cancelled", timeout=10)
+    shown = run("jobs", "show", str(refused["id"]))
+    assert shown.returncode == 0 and "traceback of run" in shown.stdout and "card 42 declined" in shown.stdout
+    listed = run("runs", "list", "--job-id", str(refused["id"]), "--traceback")
+    assert listed.returncode == 0 and "agora_pg.errors.Fail: card 42 declined" in listed.stdout
+    bad_timeout = run("jobs", "submit", "slow", "--timeout", "0")
+    assert bad_timeout.returncode == 2
+    assert bad_timeout.stderr.strip().splitlines() == [
+        "agora-pg: timeout_seconds: must be more than 0 and at most 31536000 seconds (a year), got 0.0"
+    ]
+    for process in (worker, api):
+        code, output = stop(process)
+        assert code == 0, output[-3000:]

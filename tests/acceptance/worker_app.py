@@ -18,7 +18,7 @@ from typing import Any
 
 import asyncpg
 
-from agora_pg import Job, Worker
+from agora_pg import Fail, Job, Worker
 
 CREATE_EXECUTIONS = """
 CREATE TABLE IF NOT EXISTS public.executions (
@@ -87,6 +87,11 @@ def sync_sleep(job: Job, pool: asyncpg.Pool) -> None:
     _ledger(job, "end")
 
 
+async def refuse(job: Job, pool: asyncpg.Pool) -> None:
+    """Fails for good at once, whatever max_retries allows."""
+    raise Fail(f"card {job.payload.get('card', '?')} declined")
+
+
 @contextlib.asynccontextmanager
 async def lifespan() -> AsyncIterator[Any]:
     pool = await asyncpg.create_pool(os.environ["AGORA_PG_DATABASE_URL"], min_size=0, max_size=4)
@@ -99,6 +104,6 @@ async def lifespan() -> AsyncIterator[Any]:
 def get_worker() -> Worker:
     handlers = {
         "record": record, "slow": slow, "hang_first_attempt": hang_first_attempt, "ledger": ledger,
-        "exit_process": exit_process, "block_loop": block_loop, "sync_sleep": sync_sleep,
+        "exit_process": exit_process, "block_loop": block_loop, "sync_sleep": sync_sleep, "refuse": refuse,
     }
     return Worker(handlers, lifespan=lifespan)

@@ -196,6 +196,36 @@ async def test_missed_cron_ticks_run_once_not_once_per_tick(store: Store, settin
     assert row.next_run_at > datetime.now(UTC)
 
 
+async def test_a_host_clock_behind_the_database_never_schedules_a_cron_tick_twice(
+    store: Store, settings: Settings
+) -> None:
+    """A run that ends, by its host's clock, before its own tick (the host is behind the
+    database) must not get that tick again: the next claim would hit the tick's unique key."""
+    factory = Recorder()
+    schedule = Schedule.cron("* * * * *")
+
+    def host_clock_far_behind() -> datetime:
+        return datetime.now(UTC) - timedelta(seconds=90)
+
+    await serve_once_registered(ScheduledPipeline(factory, schedule, "minutely"), store, settings)  # not due yet
+    async with store.connection() as connection:  # due now: this minute's tick, by the database clock
+        tick = await connection.fetchval(
+            "UPDATE agora.schedules SET next_run_at = date_trunc('minute', now()) RETURNING next_run_at"
+        )
+    again = ScheduledPipeline(factory, schedule, "minutely", clock=host_clock_far_behind)
+    task = asyncio.create_task(again.serve(store, "w1", settings))
+    await wait_until(lambda: _called(factory), timeout=10)
+    await asyncio.sleep(1.0)  # a second claim would come now if the tick were due again
+    assert not task.done()  # still serving: no UniqueViolation escaped
+    again.stop()
+    await asyncio.wait_for(task, 10)
+    assert factory.calls == 1
+    [run] = await runs(store, "minutely")
+    assert (run["status"], run["scheduled_for"]) == ("succeeded", tick)
+    row = await store.get_schedule("minutely")
+    assert row is not None and row.next_run_at == tick + timedelta(minutes=1)
+
+
 async def test_lost_lease_is_taken_over_as_a_failed_run_and_the_late_finish_is_fenced(store: Store) -> None:
     spec = Schedule.every(seconds=1).spec
     from agora_pg.db.schedule_rows import RunFinish, ScheduleRegistration
