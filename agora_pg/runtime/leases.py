@@ -100,7 +100,6 @@ class LeaseSupervisor:
         self._stopping = threading.Event()
         self._loop_seen = time.monotonic()
         self._blocked_warned = False
-        self.renewals = 0  # successful renewals (for tests and health)
 
     # -- the event loop's side -------------------------------------------------
 
@@ -239,7 +238,6 @@ class LeaseSupervisor:
         jobs = [(int(t.key), t.number) for t in tokens if t.resource == "job"]
         runs = [(str(t.key), t.number) for t in tokens if t.resource == "run"]
         renewal = await store.renew_leases(self.worker_id, self.lease_seconds, jobs, runs)
-        self.renewals += 1
         lost = [holder for holder, t in zip(holders, tokens, strict=True)
                 if (t.key in renewal.lost_jobs if t.resource == "job" else t.key in renewal.lost_runs)]
         fence_at = sent_at + self.fence_after
