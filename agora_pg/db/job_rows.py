@@ -75,8 +75,9 @@ class JobFinish:
 
 @dataclasses.dataclass(frozen=True)
 class LeaseRenewal:
-    """What a renewal found: leases no longer held, and jobs whose cancel was asked for."""
+    """What a renewal found: leases no longer held (job ``(id, attempt)`` pairs, pipeline
+    ids), and the job attempts whose cancel was asked for."""
 
-    lost_jobs: frozenset[int]
-    cancel_jobs: frozenset[int]
+    lost_jobs: frozenset[tuple[int, int]]
+    cancel_jobs: frozenset[tuple[int, int]]
     lost_runs: frozenset[str]

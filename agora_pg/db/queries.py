@@ -271,7 +271,7 @@ INSERT INTO agora.workers (id, hostname, pid, queues) VALUES ($1, $2, $3, $4::te
 # The lease supervisor's renewal: worker $1 is alive, and exactly the leases it holds
 # (job attempts ($3 ids, $4 attempts), pipeline runs ($5 pipeline ids, $6 run ids)) are
 # extended by $2 seconds. Returns the ones it no longer holds (lost: taken over or
-# rescued) and the jobs whose cancel was asked for. Job rows locked right now are being
+# rescued) and the job attempts whose cancel was asked for, as (id, attempt) pairs. Job rows locked right now are being
 # finished by this worker: skipped rather than waited for (no deadlock with that
 # statement), and not lost (the snapshot still shows them held).
 RENEW_LEASES = """
@@ -293,14 +293,22 @@ WITH worker AS (
     WHERE s.pipeline_id = t.pipeline_id AND s.lease_run_id = t.run_id AND s.lease_owner = $1
     RETURNING s.pipeline_id
 )
-SELECT
-    ARRAY(SELECT w.id FROM wanted AS w WHERE NOT EXISTS (
+SELECT lost.ids AS lost_job_ids, lost.attempts AS lost_job_attempts,
+       cancel.ids AS cancel_job_ids, cancel.attempts AS cancel_job_attempts,
+       ARRAY(SELECT t.pipeline_id FROM unnest($5::text[]) AS t(pipeline_id)
+             WHERE t.pipeline_id NOT IN (SELECT pipeline_id FROM runs_renewed)) AS lost_runs
+FROM (
+    SELECT coalesce(array_agg(w.id ORDER BY w.id, w.attempt), '{}') AS ids,
+           coalesce(array_agg(w.attempt ORDER BY w.id, w.attempt), '{}') AS attempts
+    FROM wanted AS w WHERE NOT EXISTS (
         SELECT 1 FROM agora.jobs AS j WHERE j.id = w.id AND j.attempt = w.attempt AND j.locked_by = $1
-    )) AS lost_jobs,
-    ARRAY(SELECT j.id FROM wanted AS w JOIN agora.jobs AS j ON j.id = w.id AND j.attempt = w.attempt
-          WHERE j.locked_by = $1 AND j.cancel_requested_at IS NOT NULL) AS cancel_jobs,
-    ARRAY(SELECT t.pipeline_id FROM unnest($5::text[]) AS t(pipeline_id)
-          WHERE t.pipeline_id NOT IN (SELECT pipeline_id FROM runs_renewed)) AS lost_runs
+    )
+) AS lost, (
+    SELECT coalesce(array_agg(j.id ORDER BY j.id), '{}') AS ids,
+           coalesce(array_agg(j.attempt ORDER BY j.id), '{}') AS attempts
+    FROM wanted AS w JOIN agora.jobs AS j ON j.id = w.id AND j.attempt = w.attempt
+    WHERE j.locked_by = $1 AND j.cancel_requested_at IS NOT NULL
+) AS cancel
 """
 
 # The channel a cancel of a running job is announced on (payload: the job id).

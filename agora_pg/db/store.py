@@ -315,7 +315,8 @@ class Store:
         )
         row = rows[0]
         return LeaseRenewal(
-            lost_jobs=frozenset(row["lost_jobs"]), cancel_jobs=frozenset(row["cancel_jobs"]),
+            lost_jobs=frozenset(zip(row["lost_job_ids"], row["lost_job_attempts"], strict=True)),
+            cancel_jobs=frozenset(zip(row["cancel_job_ids"], row["cancel_job_attempts"], strict=True)),
             lost_runs=frozenset(row["lost_runs"]),
         )
 

@@ -239,7 +239,7 @@ class LeaseSupervisor:
         runs = [(str(t.key), t.number) for t in tokens if t.resource == "run"]
         renewal = await store.renew_leases(self.worker_id, self.lease_seconds, jobs, runs)
         lost = [holder for holder, t in zip(holders, tokens, strict=True)
-                if (t.key in renewal.lost_jobs if t.resource == "job" else t.key in renewal.lost_runs)]
+                if ((t.key, t.number) in renewal.lost_jobs if t.resource == "job" else t.key in renewal.lost_runs)]
         fence_at = sent_at + self.fence_after
         with self._lock:
             for holder in holders:
@@ -250,5 +250,5 @@ class LeaseSupervisor:
             log.warning("%s: lease lost (another worker holds it now); stopping it", holder.description)
             self._post(self._deliver, holder, StopReason.LEASE_LOST)
         for holder, t in zip(holders, tokens, strict=True):
-            if t.resource == "job" and t.key in renewal.cancel_jobs:
+            if t.resource == "job" and (t.key, t.number) in renewal.cancel_jobs:
                 self._post(self._deliver, holder, StopReason.CANCEL_REQUESTED)

@@ -180,7 +180,7 @@ async def test_cancel_of_a_running_job_asks_its_worker_and_done_jobs_are_409(
     asked = response.json()
     assert asked["status"] == "processing" and asked["cancel_requested_at"] is not None
     renewal = await store.renew_leases("w1", 30, [(claimed.id, claimed.attempt)], [])
-    assert renewal.cancel_jobs == {claimed.id}  # the worker's fallback when the NOTIFY is missed
+    assert renewal.cancel_jobs == {(claimed.id, claimed.attempt)}  # the fallback when the NOTIFY is missed
     await store.complete_succeeded([(claimed.id, claimed.attempt)], "w1")  # it finished first
     for action in ("retry", "cancel"):
         response = await client.post(f"/jobs/{job['id']}/{action}")

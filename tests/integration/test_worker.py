@@ -247,7 +247,7 @@ async def test_lost_worker_job_is_rescued_and_its_late_outcome_is_fenced(queue: 
     assert second_claim.attempt == 2
     # the ghost wakes up: its renewal and its completion must change nothing
     renewal = await store.renew_leases("ghost", 9999, [(ghost_claim.id, ghost_claim.attempt)], [])
-    assert renewal.lost_jobs == {job.id}
+    assert renewal.lost_jobs == {(job.id, ghost_claim.attempt)}
     assert await store.complete_succeeded([(ghost_claim.id, ghost_claim.attempt)], "ghost") == set()
     current = await store.get_job(job.id)
     assert (current.status, current.locked_by, current.attempt) == (JobStatus.PROCESSING, "alive", 2)
