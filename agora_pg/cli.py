@@ -19,7 +19,7 @@ from agora_pg.db.connect import resolve_database
 from agora_pg.db.store import Store
 from agora_pg.errors import AgoraError, ConfigError, InvalidArgument, InvalidJob
 from agora_pg.loading import load_worker
-from agora_pg.pipelines.assembly import build_worker_pool
+from agora_pg.runner.assembly import build_worker_pool
 from agora_pg.runner import WorkerPool
 from agora_pg.runtime.process import tune_garbage_collector
 from agora_pg.worker import Worker

@@ -61,9 +61,14 @@ class PgProxy:
         self._call(self._close)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
-        for task in asyncio.all_tasks(self._loop):
+        pending = asyncio.all_tasks(self._loop)
+        for task in pending:
             task.cancel()
-        self._loop.run_until_complete(asyncio.gather(*asyncio.all_tasks(self._loop), return_exceptions=True))
+
+        async def settle() -> None:  # (a coroutine, so that gather runs on the proxy's own loop)
+            await asyncio.gather(*pending, return_exceptions=True)
+
+        self._loop.run_until_complete(settle())
         self._loop.close()
 
     def hold(self) -> None:

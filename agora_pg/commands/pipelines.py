@@ -11,7 +11,7 @@ from agora_pg.commands.tables import render_table
 from agora_pg.config import PipelineConfig, WorkerConfig, load_config
 from agora_pg.db.pipeline_state import PipelineState
 from agora_pg.errors import AgoraError, ConfigError
-from agora_pg.pipelines.assembly import build_pipeline
+from agora_pg.runner.assembly import build_pipeline
 from agora_pg.pipelines.pipeline import PipelineRun, current_run
 from agora_pg.runtime.process import check_schema, new_worker_id
 

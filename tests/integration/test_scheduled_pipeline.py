@@ -226,6 +226,26 @@ async def test_a_host_clock_behind_the_database_never_schedules_a_cron_tick_twic
     assert row is not None and row.next_run_at == tick + timedelta(minutes=1)
 
 
+async def test_a_run_failing_with_text_postgresql_cannot_hold_is_recorded(store: Store, settings: Settings) -> None:
+    class Poisoned:
+        async def run(self) -> None:
+            raise ValueError("bad \x00 byte and \udc80 half a character")
+
+    pipeline = ScheduledPipeline(lambda: Poisoned(), Schedule.every(hours=1), "poisoned", max_consecutive_errors=5)
+
+    async def recorded() -> bool:
+        row = await store.get_schedule("poisoned")
+        return row is not None and row.consecutive_errors == 1
+
+    await serve_until(pipeline, store, settings, recorded)
+    [run] = await runs(store, "poisoned")
+    assert run["status"] == "failed"
+    assert run["error_message"] == "ValueError: bad \\x00 byte and \\udc80 half a character"
+    async with store.connection() as connection:
+        traceback = await connection.fetchval("SELECT traceback FROM agora.runs WHERE pipeline_id = 'poisoned'")
+    assert "raise ValueError" in traceback
+
+
 async def test_lost_lease_is_taken_over_as_a_failed_run_and_the_late_finish_is_fenced(store: Store) -> None:
     spec = Schedule.every(seconds=1).spec
     from agora_pg.db.schedule_rows import RunFinish, ScheduleRegistration

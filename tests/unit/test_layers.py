@@ -47,3 +47,10 @@ def test_public_names_resolve_from_the_package() -> None:
         assert getattr(agora_pg, name) is not None
     with pytest.raises(AttributeError):
         agora_pg.NoSuchThing  # noqa: B018
+
+
+def test_pipelines_do_not_import_the_runner() -> None:
+    """The runner runs pipelines; pipelines know nothing of the runner (no import cycle)."""
+    code = "import sys, agora_pg.pipelines\nprint([m for m in sys.modules if m.startswith('agora_pg.runner')])"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"

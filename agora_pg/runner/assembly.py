@@ -7,7 +7,8 @@ from agora_pg.pipelines.pipeline import BuiltPipeline, Pipeline
 from agora_pg.pipelines.sinks import DatabaseSink, JsonlSink, Sink, StdoutSink
 from agora_pg.pipelines.sources import CsvSource, IterableSource, Source, SqlSource
 from agora_pg.pipelines.tracing import Tracing, configure_exporter
-from agora_pg.runner import ScheduledPipeline, WorkerPool
+from agora_pg.runner.scheduled_pipeline import ScheduledPipeline
+from agora_pg.runner.worker_pool import WorkerPool
 
 
 def build_source(component: Component) -> Source:
