@@ -96,51 +96,51 @@ FROM next WHERE j.id = next.id
 RETURNING {", ".join("j." + c.strip() for c in JOB_COLUMNS.split(","))}
 """
 
-# A job with lost attempts ("suspect": its worker died or was cut off while running it)
-# may be what kills workers. A worker runs at most one suspect at a time, so that a job
-# that kills its process never takes the same neighbours down twice: $5 says whether
-# this worker may take one now. Suspects come first (they are few; jobs_suspect_idx
-# holds only them), then the queue's best due jobs, up to $2 in all. (Each part locks
-# in a CTE of its own: FOR UPDATE is not allowed in the arms of a UNION.)
-_SUSPECT = f"""suspect AS (
-    SELECT id FROM agora.jobs
-    WHERE ({CLAIMABLE}) AND lost_count > 0 AND queue {{queue}} AND run_at <= now() AND $5
-    ORDER BY priority DESC, run_at, id
-    LIMIT 1
-    FOR UPDATE SKIP LOCKED
-)"""
-_NEXT = "next AS (SELECT id FROM suspect UNION ALL SELECT id FROM best LIMIT $2)"
-
 # Claim up to $2 due jobs of queue $1 for worker $3, with a lease of $4 seconds.
 # `queue = $1` (not `= ANY(...)`) lets the scan read jobs_claimable_idx in its order
 # and stop after $2 rows; with ANY, PostgreSQL fetches every due row and sorts them.
 CLAIM_JOBS = f"""
-WITH {_SUSPECT.format(queue="= $1")}, best AS (
+WITH next AS (
     SELECT id FROM agora.jobs
-    WHERE ({CLAIMABLE}) AND lost_count = 0 AND queue = $1 AND run_at <= now()
+    WHERE ({CLAIMABLE}) AND queue = $1 AND run_at <= now()
     ORDER BY priority DESC, run_at, id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
-), {_NEXT}
+)
 {_CLAIM_UPDATE}"""
 
 # The same for several queues $1 (text[]): each queue's best due jobs, read and locked
 # in index order, then the best of those across queues. Rows locked but not chosen are
 # released when the statement ends (other workers skip them for that long).
 CLAIM_JOBS_FROM_QUEUES = f"""
-WITH {_SUSPECT.format(queue="= ANY($1::text[])")}, best AS (
+WITH next AS (
     SELECT best.id FROM unnest($1::text[]) AS q(name)
     CROSS JOIN LATERAL (
         SELECT id, priority, run_at FROM agora.jobs
-        WHERE ({CLAIMABLE}) AND lost_count = 0 AND queue = q.name AND run_at <= now()
+        WHERE ({CLAIMABLE}) AND queue = q.name AND run_at <= now()
         ORDER BY priority DESC, run_at, id
         LIMIT $2
         FOR UPDATE SKIP LOCKED
     ) AS best
     ORDER BY best.priority DESC, best.run_at, best.id
     LIMIT $2
-), {_NEXT}
+)
 {_CLAIM_UPDATE}"""
+
+# Give back attempts (id, attempt) that worker $1 claimed but will not start: pending
+# again at once, nothing counted or recorded (a worker runs one job with lost attempts at
+# a time, so that a job that kills its process never takes the same neighbours down
+# twice; the others it claimed along go back).
+RELEASE_CLAIMED_JOBS = """
+WITH released AS (
+    UPDATE agora.jobs AS j
+    SET status = 'pending', locked_by = NULL, lease_expires_at = NULL
+    FROM unnest($2::bigint[], $3::int[]) AS t(id, attempt)
+    WHERE j.id = t.id AND j.attempt = t.attempt AND j.locked_by = $1
+    RETURNING j.id, j.queue
+)
+SELECT id, pg_notify('agora_jobs', queue) FROM released
+"""
 
 # The fence of every outcome is (id, attempt, locked_by = this worker): locked_by is set
 # only while a job is processing and cleared by every way out of it. It is written that

@@ -248,15 +248,14 @@ class Store:
     # -- claiming and finishing ---------------------------------------------------
 
     async def claim_jobs(
-        self, queues: Sequence[str], limit: int, worker_id: str, lease_seconds: float, *, suspect: bool = True
+        self, queues: Sequence[str], limit: int, worker_id: str, lease_seconds: float
     ) -> list[Job]:
-        """Claim up to ``limit`` due jobs, highest priority first; with ``suspect``, at most
-        one of them may be a job with lost attempts (``queries.CLAIM_JOBS``)."""
+        """Claim up to ``limit`` due jobs, highest priority first."""
         if len(queues) == 1:
-            rows = await self._fetch(queries.CLAIM_JOBS, queues[0], limit, worker_id, float(lease_seconds), suspect)
+            rows = await self._fetch(queries.CLAIM_JOBS, queues[0], limit, worker_id, float(lease_seconds))
         else:
             rows = await self._fetch(
-                queries.CLAIM_JOBS_FROM_QUEUES, list(queues), limit, worker_id, float(lease_seconds), suspect
+                queries.CLAIM_JOBS_FROM_QUEUES, list(queues), limit, worker_id, float(lease_seconds)
             )
         jobs = [row_to_job(row) for row in rows]
         jobs.sort(key=lambda job: (-job.priority, job.run_at, job.id))
@@ -282,6 +281,13 @@ class Store:
             [f.job_id for f in finishes], [f.attempt for f in finishes], [f.kind for f in finishes],
             [f.error_type for f in finishes], [f.error_message for f in finishes],
             [f.traceback for f in finishes], [f.delay_seconds for f in finishes], [f.final for f in finishes],
+        )
+        return {row["id"] for row in rows}
+
+    async def release_claimed_jobs(self, worker_id: str, attempts: Sequence[tuple[int, int]]) -> set[int]:
+        """Give back claimed ``(job_id, attempt)`` pairs this worker will not start, uncounted."""
+        rows = await self._fetch(
+            queries.RELEASE_CLAIMED_JOBS, worker_id, [a[0] for a in attempts], [a[1] for a in attempts]
         )
         return {row["id"] for row in rows}
 

@@ -76,14 +76,6 @@ Index(
     jobs.c.id,
     postgresql_where=text(CLAIMABLE),
 )
-Index(
-    "jobs_suspect_idx",
-    jobs.c.queue,
-    jobs.c.priority.desc(),
-    jobs.c.run_at,
-    jobs.c.id,
-    postgresql_where=text(f"({CLAIMABLE}) AND lost_count > 0"),
-)
 Index("jobs_dedup_key_idx", jobs.c.dedup_key, unique=True, postgresql_where=text(ALIVE))
 Index("jobs_lease_idx", jobs.c.lease_expires_at, postgresql_where=text("status = 'processing'"))
 

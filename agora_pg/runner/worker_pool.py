@@ -200,8 +200,10 @@ class WorkerPool:
         pending = await wait_tasks_or_event(tasks, self._aborting, self.graceful_shutdown_timeout)
         if pending:
             log.warning("graceful shutdown over; cancelling %s", sorted(task.get_name() for task in pending))
-            if self.job_worker is not None:
-                self.job_worker.abort()  # it cancels and releases its own jobs
+            if self.job_worker is not None and self._aborting.is_set():
+                self.job_worker.abort()  # a second signal: it stops at once
+            # (otherwise the job worker, whose grace period is this one, stops its running
+            # jobs itself now and finishes its own bounded shutdown)
             for task in pending:
                 if not isinstance(tasks[task], Worker):
                     task.cancel()

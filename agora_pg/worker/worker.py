@@ -198,11 +198,10 @@ class _WorkerRun:
                 if free > 0:
                     claimed_at = time.monotonic()
                     jobs = await self._unless_stopping(
-                        self.store.claim_jobs(settings.queues, free, worker.id, settings.lease_seconds,
-                                              suspect=not self.suspects_running)
+                        self.store.claim_jobs(settings.queues, free, worker.id, settings.lease_seconds)
                     )
                     pause.reset()
-                    self._start(jobs, claimed_at)
+                    self._start(await self._one_suspect_at_most(jobs), claimed_at)
                     if len(jobs) == free:
                         await asyncio.sleep(0)  # let finished handlers free their slots, then claim again
                         continue
@@ -226,6 +225,25 @@ class _WorkerRun:
         except Stopped:
             self.claim_unsure_until = time.monotonic() + self.settings.lease_seconds
             raise _Stopping() from None
+
+    async def _one_suspect_at_most(self, jobs: list[Job]) -> list[Job]:
+        """Keep at most one job with lost attempts (a "suspect": it may be what kills
+        workers) running here at a time, so that a job that kills its process never takes
+        the same neighbours down twice; the other suspects go back at once, uncounted."""
+        suspects = [job for job in jobs if job.lost_count]
+        keep = 0 if self.suspects_running else 1
+        if len(suspects) <= keep:
+            return jobs
+        extra = suspects[keep:]
+        try:
+            await self.store.release_claimed_jobs(self.worker.id, [(job.id, job.attempt) for job in extra])
+        except DatabaseUnavailable:  # (their leases expire; they are rescued as lost)
+            log.warning("could not give back %d job(s) with lost attempts: %s", len(extra), [j.id for j in extra])
+        else:
+            log.info("gave back %d job(s) with lost attempts (one runs here at a time): %s",
+                     len(extra), [job.id for job in extra])
+        given_back = {id(job) for job in extra}
+        return [job for job in jobs if id(job) not in given_back]
 
     async def _adopt_unknown(self) -> None:
         """Run the jobs this worker holds without knowing it: a claim that committed but

@@ -26,7 +26,7 @@ from agora_pg.db.connect import Database
 from agora_pg.db.store import Store
 
 from ..conftest import Processes, Server
-from ..faults import PgProxy, PrivateServer, proxied
+from ..faults import PgProxy, PrivateServer, free_port, proxied
 from .test_scheduled_processes import start_pool
 from .test_worker_processes import eventually, scalar, start_worker, stop
 
@@ -191,8 +191,14 @@ async def test_a_stall_longer_than_the_lease_never_runs_a_job_or_a_pipeline_twic
         job_id = job[0].id
         workers = [start_worker(processes, url, LEDGER_DIR=str(ledger_dir), AGORA_PG_DATABASE_TIMEOUT="2")
                    for _ in range(2)]
-        pools = [start_pool(processes, url, PIPELINE_SCHEDULE="every1s", PIPELINE_SLEEP="6", PIPELINE_BACKOFF="0.2",
-                            LEDGER_DIR=str(ledger_dir), AGORA_PG_DATABASE_TIMEOUT="2") for _ in range(2)]
+        health_ports = [free_port(), free_port()]
+        pools = [start_pool(processes, url, "--health-port", str(port), PIPELINE_SCHEDULE="every1s",
+                            PIPELINE_SLEEP="6", PIPELINE_BACKOFF="0.2", LEDGER_DIR=str(ledger_dir),
+                            AGORA_PG_DATABASE_TIMEOUT="2") for port in health_ports]
+        # every process is up (a process that starts while the server stops exits 1, as it should)
+        await eventually(lambda: _workers_registered(url, 2), 30, "both job workers starting")
+        for port in health_ports:
+            await eventually(lambda port=port: _ready(port), 30, f"the pool on port {port} ready")
         await eventually(lambda: _job_and_pipeline_running(ledger_dir), 30, "the job and a pipeline run starting")
         await asyncio.to_thread(server.stop, "fast")
         await asyncio.sleep(2 * 2 + 1)  # two 2 s leases and more
@@ -200,9 +206,11 @@ async def test_a_stall_longer_than_the_lease_never_runs_a_job_or_a_pipeline_twic
         await eventually(lambda: status_is_done(url, job_id), 60, "the job running to its end after the restart")
         await eventually(lambda: _pipeline_ended(ledger_dir), 60, "a pipeline run ending after the restart")
         for process in workers + pools:
-            running = alive(process)
+            if not alive(process):
+                output = process.communicate(timeout=10)[0].decode(errors="replace")
+                raise AssertionError(f"a process exited with {process.returncode}:\n{output[-6000:]}")
             code, output = stop(process)
-            assert running and code == 0, output[-5000:]
+            assert code == 0, output[-5000:]
         job_executions = [e for e in executions(ledger_dir) if e.job_id == job_id]
         assert sum(1 for e in job_executions if e.ended is not None) == 1
         assert job_executions[0].stopped is not None  # the first was stopped when its lease could not be renewed
@@ -212,6 +220,16 @@ async def test_a_stall_longer_than_the_lease_never_runs_a_job_or_a_pipeline_twic
         assert (final["status"], final["retry_count"]) == ("done", 0)
     finally:
         server.cleanup()
+
+
+async def _ready(port: int) -> bool:
+    import httpx
+
+    try:
+        async with httpx.AsyncClient() as client:
+            return (await client.get(f"http://127.0.0.1:{port}/ready", timeout=2)).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def _job_and_pipeline_running(ledger_dir: Path) -> bool:

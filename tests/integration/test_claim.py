@@ -93,19 +93,16 @@ async def test_claim_queries_read_the_partial_index_in_order(queue: Queue, store
             "INSERT INTO agora.jobs (name, kind) SELECT 'new', 'k' FROM generate_series(1, 2000)"
         )
         await connection.execute("ANALYZE agora.jobs")
-        await connection.execute(f"PREPARE one_queue(text, int, text, float8, bool) AS {queries.CLAIM_JOBS}")
+        await connection.execute(f"PREPARE one_queue(text, int, text, float8) AS {queries.CLAIM_JOBS}")
         await connection.execute(
-            f"PREPARE many_queues(text[], int, text, float8, bool) AS {queries.CLAIM_JOBS_FROM_QUEUES}"
+            f"PREPARE many_queues(text[], int, text, float8) AS {queries.CLAIM_JOBS_FROM_QUEUES}"
         )
-        single = "\n".join(
-            r[0] for r in await connection.fetch("EXPLAIN EXECUTE one_queue('default', 10, 'w', 30, true)")
-        )
+        single = "\n".join(r[0] for r in await connection.fetch("EXPLAIN EXECUTE one_queue('default', 10, 'w', 30)"))
         many = "\n".join(
-            r[0] for r in await connection.fetch("EXPLAIN EXECUTE many_queues(ARRAY['default', 'x'], 10, 'w', 30, true)")
+            r[0] for r in await connection.fetch("EXPLAIN EXECUTE many_queues(ARRAY['default', 'x'], 10, 'w', 30)")
         )
     for plan in (single, many):
         assert "jobs_claimable_idx" in plan, plan
-        assert "jobs_suspect_idx" in plan, plan  # jobs with lost attempts: their own small index
         assert "Seq Scan on jobs" not in plan, plan
     # one queue: the index gives the order, so no sort of the backlog
     assert "Sort" not in single, single
@@ -134,17 +131,3 @@ async def test_completion_probes_the_primary_key_even_with_idle_statistics(queue
         await connection.execute("RESET plan_cache_mode")
     assert "Index Scan using jobs_pkey" in plan, plan
     assert "jobs_lease_idx" not in plan, plan
-
-
-async def test_a_claim_takes_at_most_one_job_with_lost_attempts(queue: Queue, store: Store) -> None:
-    suspects = [await queue.enqueue("k") for _ in range(3)]
-    plain = [await queue.enqueue("k") for _ in range(3)]
-    async with store.connection() as connection:
-        await connection.execute(
-            "UPDATE agora.jobs SET lost_count = 1 WHERE id = ANY($1::bigint[])", [job.id for job in suspects]
-        )
-    without = await store.claim_jobs(["default"], 10, "busy-with-a-suspect", 30, suspect=False)
-    assert sorted(job.id for job in without) == [job.id for job in plain]
-    first = await store.claim_jobs(["default", "other"], 10, "w", 30)
-    second = await store.claim_jobs(["default"], 10, "w", 30)
-    assert [job.id for job in first] == [suspects[0].id] and [job.id for job in second] == [suspects[1].id]

@@ -355,3 +355,31 @@ async def test_a_job_back_at_the_same_worker_is_tracked_per_attempt(
 async def _attempt_is(store: Store, job_id: int, attempt: int) -> bool:
     job = await store.get_job(job_id)
     return job.attempt == attempt and job.status is JobStatus.PROCESSING
+
+
+async def test_a_worker_runs_one_job_with_lost_attempts_at_a_time(queue: Queue, store: Store, settings: Settings) -> None:
+    """A job that lost attempts may be what kills workers: it never runs beside another such job."""
+    suspects = [await queue.enqueue("tracked", {"suspect": True}) for _ in range(3)]
+    plain = [await queue.enqueue("tracked", {"suspect": False}) for _ in range(5)]
+    async with store.connection() as connection:
+        await connection.execute(
+            "UPDATE agora.jobs SET lost_count = 1 WHERE id = ANY($1::bigint[])", [job.id for job in suspects]
+        )
+    running_suspects: list[int] = []
+    most = 0
+
+    async def tracked(job: Job, resources: Any) -> None:
+        nonlocal most
+        if job.payload["suspect"]:
+            running_suspects.append(job.id)
+            most = max(most, len(running_suspects))
+            await asyncio.sleep(0.3)
+            running_suspects.remove(job.id)
+
+    async with running(Worker({"tracked": tracked}, settings=settings.replace(concurrency=10))):
+        for job in suspects + plain:
+            await wait_until(lambda job=job: finished(store, job.id))
+    assert most == 1
+    for job in suspects:
+        done = await store.get_job(job.id)
+        assert (done.status, done.lost_count) == (JobStatus.DONE, 1)  # given back uncounted while another ran

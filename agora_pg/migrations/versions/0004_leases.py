@@ -17,8 +17,6 @@ branch_labels = None
 depends_on = None
 
 TZ = sa.DateTime(timezone=True)
-# (the claimable predicate as agora_pg.db.tables.CLAIMABLE states it in this revision)
-CLAIMABLE = "status = 'pending' OR (status = 'failed' AND retry_count < max_retries)"
 
 
 RETRY_COUNT_COMMENTS = ("Failed attempts so far (a lost worker counts as one).",
@@ -59,10 +57,6 @@ def upgrade() -> None:
     )
     op.create_check_constraint("jobs_lost_count_check", "jobs", "lost_count >= 0", schema="agora")
     op.create_check_constraint("jobs_timeout_seconds_check", "jobs", "timeout_seconds > 0", schema="agora")
-    op.create_index(
-        "jobs_suspect_idx", "jobs", ["queue", sa.text("priority DESC"), "run_at", "id"], schema="agora",
-        postgresql_where=sa.text(f"({CLAIMABLE}) AND lost_count > 0"),
-    )
     op.add_column(
         "runs",
         sa.Column("traceback", sa.Text, nullable=True, comment="Traceback of a failed attempt (capped in size)."),
@@ -79,7 +73,6 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_column("schedules", "lease_run_id", schema="agora")
     op.drop_column("runs", "traceback", schema="agora")
-    op.drop_index("jobs_suspect_idx", table_name="jobs", schema="agora")
     op.drop_constraint("jobs_timeout_seconds_check", "jobs", schema="agora")
     op.drop_constraint("jobs_lost_count_check", "jobs", schema="agora")
     op.drop_column("jobs", "cancel_requested_at", schema="agora")
