@@ -27,7 +27,7 @@ from agora_pg.lifecycle import wait_for_event
 from agora_pg.outcomes import Outcome, OutcomeKind, StopReason, outcome_of
 from agora_pg.pipelines.pipeline import PipelineInterrupted, PipelineRun, current_run
 from agora_pg.runtime.database_calls import retry_database
-from agora_pg.runtime.leases import LeaseSupervisor, LeaseToken
+from agora_pg.runtime.leases import LeaseSupervisor, LeaseToken, supervising
 from agora_pg.runtime.process import ErrorWait, check_schema, new_worker_id
 from agora_pg.schedules import NextRun, Schedule, error_backoff
 from agora_pg.settings import Settings, load_settings
@@ -167,19 +167,10 @@ class ScheduledPipeline:
     ) -> None:
         """Run on an open Store as ``worker_id`` (a WorkerPool calls this, with its lease
         supervisor; without one, the pipeline runs a supervisor of its own)."""
-        own = supervisor is None
-        if supervisor is None:
-            supervisor = LeaseSupervisor(
-                store.database, worker_id, settings.lease_seconds, database_timeout=settings.database_timeout
-            )
-            supervisor.start()
-        try:
-            runner = _PipelineRunner(self, store, worker_id, settings, supervisor)
+        async with supervising(supervisor, store.database, worker_id, settings) as leases:
+            runner = _PipelineRunner(self, store, worker_id, settings, leases)
             if await runner.register():
                 await runner.loop()
-        finally:
-            if own:
-                await supervisor.stop()
 
 
 class RunAbandoned(AgoraError):

@@ -23,7 +23,7 @@ from agora_pg.outcomes import describe_error
 from agora_pg.runner.health import HealthServer
 from agora_pg.runner.schedule_listener import listen_for_schedule_changes
 from agora_pg.runner.scheduled_pipeline import ScheduledPipeline
-from agora_pg.runtime.leases import LeaseSupervisor
+from agora_pg.runtime.leases import LeaseSupervisor, supervising
 from agora_pg.runtime.process import check_schema, new_worker_id
 from agora_pg.settings import Settings, load_settings
 from agora_pg.worker.worker import Worker
@@ -122,14 +122,8 @@ class WorkerPool:
 
     async def _serve(self, store: Store, settings: Settings) -> None:
         worker_id = self.job_worker.id if self.job_worker is not None else new_worker_id()
-        supervisor = LeaseSupervisor(
-            store.database, worker_id, settings.lease_seconds, database_timeout=settings.database_timeout
-        )
-        supervisor.start()
-        try:
+        async with supervising(None, store.database, worker_id, settings) as supervisor:
             await self._serve_with(store, settings, worker_id, supervisor)
-        finally:
-            await supervisor.stop()
 
     async def _serve_with(self, store: Store, settings: Settings, worker_id: str, supervisor: LeaseSupervisor) -> None:
         tasks: dict[asyncio.Task[Any], ScheduledPipeline | Worker] = {}

@@ -19,16 +19,18 @@ The thread also watches the event loop: a loop that does not run a callback for
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import NamedTuple, Protocol
 
 from agora_pg.db.connect import Database
 from agora_pg.db.store import Store
 from agora_pg.errors import DatabaseUnavailable
 from agora_pg.outcomes import StopReason
+from agora_pg.settings import Settings
 
 log = logging.getLogger("agora_pg.leases")
 
@@ -67,6 +69,23 @@ class LeaseHolder(Protocol):
     def task(self) -> asyncio.Task[object] | None: ...  # to name what blocks the event loop
 
     def stop(self, reason: StopReason) -> None: ...
+
+
+@contextlib.asynccontextmanager
+async def supervising(
+    supervisor: LeaseSupervisor | None, database: Database, worker_id: str, settings: Settings
+) -> AsyncIterator[LeaseSupervisor]:
+    """``supervisor`` when one is given (a WorkerPool's); otherwise a supervisor of the
+    caller's own, started now and stopped when the block ends."""
+    if supervisor is not None:
+        yield supervisor
+        return
+    own = LeaseSupervisor(database, worker_id, settings.lease_seconds, database_timeout=settings.database_timeout)
+    own.start()
+    try:
+        yield own
+    finally:
+        await own.stop()
 
 
 class LeaseSupervisor:

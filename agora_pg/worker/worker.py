@@ -28,7 +28,7 @@ from agora_pg.jobs import Job
 from agora_pg.lifecycle import shutdown_signals, wait_for_event, wait_tasks_or_event
 from agora_pg.outcomes import Outcome, StopReason
 from agora_pg.runtime.database_calls import Stopped, listen_until, retry_database, unless_stopped
-from agora_pg.runtime.leases import LeaseSupervisor, LeaseToken
+from agora_pg.runtime.leases import LeaseSupervisor, supervising
 from agora_pg.runtime.process import ErrorWait, check_schema, new_worker_id
 from agora_pg.settings import Settings, load_settings
 from agora_pg.worker.attempts import DEFAULT_OPTIONS, Attempt, run_attempt
@@ -115,18 +115,9 @@ class Worker:
     async def serve(self, store: Store, settings: Settings, supervisor: LeaseSupervisor | None = None) -> None:
         """Run on an open Store (as a ``WorkerPool`` does) until stopped; leases are renewed
         by ``supervisor`` (the pool's), else by a supervisor of the worker's own."""
-        own = supervisor is None
-        if supervisor is None:
-            supervisor = LeaseSupervisor(
-                store.database, self.id, settings.lease_seconds, database_timeout=settings.database_timeout
-            )
-            supervisor.start()
-        try:
+        async with supervising(supervisor, store.database, self.id, settings) as leases:
             async with self._resources() as resources:
-                await _WorkerRun(self, store, settings, resources, supervisor).serve()
-        finally:
-            if own:
-                await supervisor.stop()
+                await _WorkerRun(self, store, settings, resources, leases).serve()
 
     @contextlib.asynccontextmanager
     async def _resources(self) -> AsyncIterator[Any]:
