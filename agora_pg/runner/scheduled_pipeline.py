@@ -26,7 +26,7 @@ from agora_pg.errors import AgoraError, DatabaseUnavailable
 from agora_pg.lifecycle import wait_for_event
 from agora_pg.outcomes import Outcome, OutcomeKind, StopReason, outcome_of
 from agora_pg.pipelines.pipeline import PipelineInterrupted, PipelineRun, current_run
-from agora_pg.runtime.database_calls import retry_database
+from agora_pg.runtime.database_calls import StopSignal, retry_database
 from agora_pg.runtime.leases import LeaseSupervisor, LeaseToken, supervising
 from agora_pg.runtime.process import ErrorWait, check_schema, new_worker_id
 from agora_pg.schedules import NextRun, Schedule, error_backoff
@@ -122,7 +122,7 @@ class ScheduledPipeline:
         self.error_backoff_seconds = float(error_backoff_seconds)
         self.max_consecutive_errors = max_consecutive_errors
         self._clock = clock
-        self._stop = asyncio.Event()
+        self._stop = StopSignal()
         self._wake = asyncio.Event()  # the schedule row changed (resumed, triggered) or stop()
         self._running = False
         self._row: ScheduleRow | None = None

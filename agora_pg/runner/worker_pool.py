@@ -23,6 +23,7 @@ from agora_pg.outcomes import describe_error
 from agora_pg.runner.health import HealthServer
 from agora_pg.runner.schedule_listener import listen_for_schedule_changes
 from agora_pg.runner.scheduled_pipeline import ScheduledPipeline
+from agora_pg.runtime.database_calls import StopSignal
 from agora_pg.runtime.leases import LeaseSupervisor, supervising
 from agora_pg.runtime.process import check_schema, new_worker_id
 from agora_pg.settings import Settings, load_settings
@@ -70,8 +71,8 @@ class WorkerPool:
         self.pipelines: list[ScheduledPipeline] = []
         self.job_worker: Worker | None = None
         self.health: HealthServer | None = None
-        self._stopping = asyncio.Event()
-        self._aborting = asyncio.Event()
+        self._stopping = StopSignal()
+        self._aborting = StopSignal()
         self._store: Store | None = None
 
     def register(self, item: ScheduledPipeline | Worker) -> WorkerPool:

@@ -52,6 +52,26 @@ class Stopped(DatabaseUnavailable):
     """A database call was abandoned because its caller is stopping."""
 
 
+class StopSignal(asyncio.Event):
+    """An ``asyncio.Event`` that, once set, also interrupts the calls awaited with
+    ``unless_stopped(call, self)``: their tasks are cancelled directly, which costs a
+    claim nothing (watching a plain Event takes two tasks and an ``asyncio.wait`` per
+    call, a tenth of a worker's time at high claim rates)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._guarded: set[asyncio.Task[Any]] = set()  # tasks awaiting a call under this signal
+        self._interrupted: set[asyncio.Task[Any]] = set()  # those cancelled by set()
+
+    def set(self) -> None:
+        if self.is_set():
+            return
+        super().set()
+        for task in self._guarded:
+            self._interrupted.add(task)
+            task.cancel()
+
+
 async def unless_stopped(call: Awaitable[T], stop: asyncio.Event) -> T:
     """Await ``call`` unless ``stop`` is set first: then it is cancelled and ``Stopped``
     raised (its outcome is unknown: a statement may have committed without a reply)."""
@@ -59,6 +79,23 @@ async def unless_stopped(call: Awaitable[T], stop: asyncio.Event) -> T:
         if asyncio.iscoroutine(call):
             call.close()
         raise Stopped("stopping")
+    task = asyncio.current_task()
+    if not isinstance(stop, StopSignal) or task is None:
+        return await _unless_set(call, stop)
+    stop._guarded.add(task)
+    try:
+        return await call
+    except asyncio.CancelledError:
+        if task in stop._interrupted and task.uncancel() == 0:
+            raise Stopped("stopping") from None
+        raise  # cancelled from elsewhere (too)
+    finally:
+        stop._guarded.discard(task)
+        stop._interrupted.discard(task)
+
+
+async def _unless_set(call: Awaitable[T], stop: asyncio.Event) -> T:
+    """``unless_stopped`` for a plain Event: the call in a task of its own, raced with a waiter."""
     task = asyncio.ensure_future(call)
     stopper = asyncio.ensure_future(stop.wait())
     try:

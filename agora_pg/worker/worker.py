@@ -27,7 +27,7 @@ from agora_pg.errors import DatabaseUnavailable
 from agora_pg.jobs import Job
 from agora_pg.lifecycle import shutdown_signals, wait_for_event, wait_tasks_or_event
 from agora_pg.outcomes import Outcome, StopReason
-from agora_pg.runtime.database_calls import Stopped, listen_until, retry_database, unless_stopped
+from agora_pg.runtime.database_calls import StopSignal, Stopped, listen_until, retry_database, unless_stopped
 from agora_pg.runtime.leases import LeaseSupervisor, supervising
 from agora_pg.runtime.process import ErrorWait, check_schema, new_worker_id
 from agora_pg.settings import Settings, load_settings
@@ -74,8 +74,8 @@ class Worker:
         self.settings = settings
         self.id = new_worker_id()
         self._overrides: dict[str, Any] = {}
-        self._stopping = asyncio.Event()
-        self._aborting = asyncio.Event()
+        self._stopping = StopSignal()
+        self._aborting = StopSignal()
         self._wakeup = asyncio.Event()  # set to make the claim loop look again at once
 
     def configure(self, *, queues: Sequence[str] | None = None, concurrency: int | None = None) -> Worker:
@@ -145,7 +145,7 @@ class _WorkerRun:
         self.suspects_running = 0  # attempts of jobs with lost attempts (at most one is claimed at a time)
         self.known_kinds = tuple(worker.handlers)
         self.side_tasks: list[asyncio.Task[None]] = []
-        self.side_stop = asyncio.Event()
+        self.side_stop = StopSignal()
         self.claim_unsure_until = 0.0  # a claim's reply was lost: look for jobs held unknowingly
 
     async def serve(self) -> None:
@@ -336,11 +336,8 @@ class _WorkerRun:
             if not self.completer.pending_count:
                 if self.side_stop.is_set():
                     return
-                waiter = asyncio.create_task(self.completer.has_pending.wait())
-                stopper = asyncio.create_task(self.side_stop.wait())
-                await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
-                waiter.cancel()
-                stopper.cancel()
+                with contextlib.suppress(Stopped):
+                    await unless_stopped(self.completer.has_pending.wait(), self.side_stop)
                 continue
             if self.side_stop.is_set():
                 return  # the final flushes are the shutdown's
