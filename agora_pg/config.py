@@ -188,7 +188,11 @@ def _schedule(table: _Table) -> Schedule:
     elif mode == "continuous":
         schedule = Schedule.continuous()
     else:
-        schedule = Schedule.once()
+        key = table.optional("key", str)
+        try:
+            schedule = Schedule.once(key)
+        except InvalidSchedule as error:
+            raise ConfigError(table.key("key"), str(error)) from None
     table.done()
     return schedule
 

@@ -51,6 +51,7 @@ class Schedule:
     interval_seconds: float | None = None
     expression: str | None = None
     timezone: str = "UTC"
+    once_key: str | None = None  # Schedule.once(key=...): once ever for this key
 
     @classmethod
     def every(cls, *, seconds: float = 0, minutes: float = 0, hours: float = 0, days: float = 0) -> Schedule:
@@ -82,9 +83,23 @@ class Schedule:
         return cls(ScheduleKind.CONTINUOUS)
 
     @classmethod
-    def once(cls) -> Schedule:
-        """Exactly one successful run, ever, for the pipeline id."""
-        return cls(ScheduleKind.ONCE)
+    def once(cls, key: str | None = None) -> Schedule:
+        """One successful run per launch: each ``start()`` (or start of the worker that
+        registers it) runs the pipeline once, then its loop ends; launches at the same
+        moment take turns, never overlapping. With ``key`` (an idempotency key, for
+        backfills): one successful run ever for that pipeline id and key; a launch with
+        a key that already ran does nothing."""
+        if key is not None and (not isinstance(key, str) or not key.strip() or len(key) > 200
+                                or any(not c.isprintable() for c in key)):
+            raise InvalidSchedule(
+                f"Schedule.once(key={key!r}): expected a non-empty printable text of at most 200 characters"
+            )
+        return cls(ScheduleKind.ONCE, once_key=key)
+
+    @property
+    def once_per_launch(self) -> bool:
+        """A ``once`` schedule without a key: it runs again at every launch."""
+        return self.kind is ScheduleKind.ONCE and self.once_key is None
 
     @property
     def spec(self) -> str:
@@ -93,6 +108,8 @@ class Schedule:
             return f"every {self.interval_seconds:g}s"
         if self.kind is ScheduleKind.CRON:
             return f"cron {self.expression} {self.timezone}"
+        if self.once_key is not None:
+            return f"once key={self.once_key}"
         return str(self.kind.value)
 
     def first_run_at(self, now: datetime) -> datetime | None:

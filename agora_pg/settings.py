@@ -7,6 +7,7 @@ frozen ``Settings``; a malformed value raises ``ConfigError`` naming the key.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -42,6 +43,8 @@ class Settings:
     - ``AGORA_PG_DATABASE_TIMEOUT``: deadline of every database call agora-pg makes [30]
     - ``AGORA_PG_API_TOKEN``: bearer token the API requires [none: no authentication]
     - ``AGORA_PG_API_MAX_PAYLOAD_BYTES``: largest job payload the API accepts [1048576]
+    - ``WORKER_HEALTH_PORT``: a WorkerPool's health server port, over the one given in
+      code or config (0: any free port) [the code's]
     """
 
     database_url: str | None = None
@@ -60,6 +63,7 @@ class Settings:
     database_timeout: float = 30.0
     api_token: str | None = dataclasses.field(default=None, repr=False)
     api_max_payload_bytes: int = 1024 * 1024
+    health_port: int | None = None
 
     def __post_init__(self) -> None:
         _require(self.poll_seconds > 0, "WORKER_POLL_SECONDS", "must be > 0")
@@ -72,6 +76,8 @@ class Settings:
         _require(self.job_timeout is None or self.job_timeout > 0, "WORKER_JOB_TIMEOUT", "must be > 0 (0 for none)")
         _require(self.max_lost_attempts >= 1, "WORKER_MAX_LOST_ATTEMPTS", "must be >= 1")
         _require(self.database_timeout > 0, "AGORA_PG_DATABASE_TIMEOUT", "must be > 0")
+        _require(self.health_port is None or 0 <= self.health_port <= 65535, "WORKER_HEALTH_PORT",
+                 "must be a port number (0: any free port)")
         _require(self.api_max_payload_bytes >= 1, "AGORA_PG_API_MAX_PAYLOAD_BYTES", "must be >= 1")
         _require(self.api_token is None or len(self.api_token) >= 16, "AGORA_PG_API_TOKEN",
                  "must be at least 16 characters")
@@ -107,7 +113,31 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         database_timeout=_float(env, "AGORA_PG_DATABASE_TIMEOUT", defaults.database_timeout),
         api_token=env.get("AGORA_PG_API_TOKEN") or None,
         api_max_payload_bytes=_int(env, "AGORA_PG_API_MAX_PAYLOAD_BYTES", defaults.api_max_payload_bytes),
+        health_port=_int(env, "WORKER_HEALTH_PORT", -1) if env.get("WORKER_HEALTH_PORT", "").strip() else None,
     )
+
+
+# Every variable agora-pg reads; others with these prefixes are likely misspelled.
+KNOWN_VARIABLES = frozenset({
+    "AGORA_PG_DATABASE_URL", "DATABASE_URL", "AGORA_PG_DATA_DIR", "AGORA_PG_DATABASE_TIMEOUT", "AGORA_PG_API_TOKEN",
+    "AGORA_PG_API_MAX_PAYLOAD_BYTES", "AGORA_PG_LOG_LEVEL", "AGORA_PG_LOG_FORMAT", "AGORA_PG_TEST_DATABASE_URL",
+    "WORKER_POLL_SECONDS", "WORKER_MAX_RETRIES", "WORKER_CONCURRENCY", "WORKER_LEASE_SECONDS", "WORKER_QUEUES",
+    "WORKER_NOTIFICATIONS", "WORKER_SHUTDOWN_TIMEOUT", "WORKER_RETRY_BACKOFF_SECONDS",
+    "WORKER_RETRY_BACKOFF_MAX_SECONDS", "WORKER_JOB_TIMEOUT", "WORKER_MAX_LOST_ATTEMPTS", "WORKER_HEALTH_PORT",
+})
+CHECKED_PREFIXES = ("AGORA_PG_", "WORKER_")
+
+
+def unknown_variables(env: Mapping[str, str]) -> list[str]:
+    """One line per variable with an agora-pg prefix that agora-pg does not read, naming
+    the closest known one (a misspelled setting is otherwise silently ignored)."""
+    lines = []
+    for name in sorted(env):
+        if name.startswith(CHECKED_PREFIXES) and name not in KNOWN_VARIABLES:
+            close = difflib.get_close_matches(name, sorted(KNOWN_VARIABLES), n=1, cutoff=0.8)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            lines.append(f"unknown setting {name} (ignored){hint}")
+    return lines
 
 
 def parse_queues(text: str, *, key: str) -> tuple[str, ...]:

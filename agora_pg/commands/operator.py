@@ -1,4 +1,5 @@
-"""``agora-pg jobs ...`` and ``agora-pg runs list``: the database, straight from a shell."""
+"""``agora-pg jobs ...``, ``agora-pg schedules ...`` and ``agora-pg runs list``: the database,
+straight from a shell."""
 
 from __future__ import annotations
 
@@ -12,13 +13,15 @@ from typing import Any
 from agora_pg.commands.tables import render_table
 from agora_pg.db.connect import resolve_database
 from agora_pg.db.run_rows import RunRow
+from agora_pg.db.schedule_rows import ScheduleRow
 from agora_pg.db.store import Store
-from agora_pg.errors import InvalidArgument, JobNotFound
+from agora_pg.errors import InvalidArgument, JobNotFound, ScheduleNotFound
 from agora_pg.job_spec import JobSpec
 from agora_pg.jobs import Job, JobStatus, RunStatus, possible_job_id
 from agora_pg.settings import Settings, load_settings
 
 JOB_HEADERS = ("id", "kind", "queue", "status", "retries", "run_at", "finished_at", "error")
+SCHEDULE_HEADERS = ("pipeline_id", "schedule", "state", "next_run_at", "errors", "last_status", "last_error")
 RUN_HEADERS = ("id", "job_id", "pipeline_id", "attempt", "status", "started_at", "finished_at", "worker", "error")
 
 
@@ -41,6 +44,11 @@ def job_row(job: Job) -> tuple[object, ...]:
 def run_row(run: RunRow) -> tuple[object, ...]:
     return (run.id, run.job_id, run.pipeline_id, run.attempt, run.status, run.started_at, run.finished_at,
             run.worker_id, run.error_message)
+
+
+def schedule_row(row: ScheduleRow) -> tuple[object, ...]:
+    return (row.pipeline_id, row.schedule_spec, row.state, row.next_run_at, row.consecutive_errors,
+            row.last_status, row.last_error)
 
 
 def parse_payload(text: str) -> dict[str, Any]:
@@ -144,6 +152,26 @@ async def list_runs(pipeline_id: str | None, job_id: int | None, status: str | N
         runs = await store.list_runs(filters, _limit(limit))
     table = render_table(RUN_HEADERS, [run_row(run) for run in runs])
     return table + (tracebacks(runs) if with_tracebacks else "")
+
+
+async def list_schedules() -> str:
+    async with operator_store() as (store, _settings):
+        rows = await store.list_schedules()
+    return render_table(SCHEDULE_HEADERS, [schedule_row(row) for row in rows])
+
+
+async def change_schedule(action: str, pipeline_id: str) -> str:
+    """``show``, ``pause``, ``resume`` or ``trigger`` one schedule (as the HTTP API does)."""
+    async with operator_store() as (store, _settings):
+        if action == "show":
+            row = await store.get_schedule(pipeline_id)
+            if row is None:
+                raise ScheduleNotFound(pipeline_id)
+        else:
+            change = {"pause": store.pause_schedule, "resume": store.resume_schedule,
+                      "trigger": store.trigger_schedule}[action]
+            row = await change(pipeline_id)
+    return render_table(SCHEDULE_HEADERS, [schedule_row(row)])
 
 
 def _limit(limit: int) -> int:

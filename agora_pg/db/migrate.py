@@ -20,6 +20,14 @@ def alembic_config() -> Config:
     return config
 
 
+def revisions_between(applied: set[str], heads: set[str]) -> list[str]:
+    """The revisions that lead from ``applied`` (empty: none) to ``heads``, oldest first."""
+    script = ScriptDirectory.from_config(alembic_config())
+    lower = next(iter(applied)) if len(applied) == 1 else "base"
+    steps = [revision.revision for revision in script.iterate_revisions(tuple(heads), lower)]
+    return [revision for revision in reversed(steps) if revision not in applied]
+
+
 def head_revisions() -> set[str]:
     """The revisions ``upgrade head`` leads to."""
     return set(ScriptDirectory.from_config(alembic_config()).get_heads())

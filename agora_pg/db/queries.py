@@ -340,7 +340,8 @@ SCHEDULE_COLUMNS = (
 )
 
 # Register a pipeline's schedule; a changed spec recomputes next_run_at (and re-arms a completed
-# one). A first run time $4 of NULL means now, by the database clock.
+# one). A first run time $4 of NULL means now, by the database clock. $7: a new launch of a
+# once-per-launch schedule, due now (a completed one active again) unless stopped or paused.
 UPSERT_SCHEDULE = f"""
 INSERT INTO agora.schedules AS s
     (pipeline_id, schedule_kind, schedule_spec, next_run_at, error_backoff_seconds, max_consecutive_errors)
@@ -348,13 +349,21 @@ VALUES ($1, $2, $3, COALESCE($4, clock_timestamp()), $5, $6)
 ON CONFLICT (pipeline_id) DO UPDATE SET
     schedule_kind = EXCLUDED.schedule_kind,
     schedule_spec = EXCLUDED.schedule_spec,
-    next_run_at = CASE WHEN s.schedule_spec = EXCLUDED.schedule_spec THEN s.next_run_at
-                       ELSE EXCLUDED.next_run_at END,
-    state = CASE WHEN s.schedule_spec <> EXCLUDED.schedule_spec AND s.state = 'completed' THEN 'active'
+    next_run_at = CASE WHEN s.schedule_spec <> EXCLUDED.schedule_spec THEN EXCLUDED.next_run_at
+                       WHEN $7 AND s.state IN ('active', 'completed') THEN clock_timestamp()
+                       ELSE s.next_run_at END,
+    state = CASE WHEN s.state = 'completed' AND (s.schedule_spec <> EXCLUDED.schedule_spec OR $7) THEN 'active'
                  ELSE s.state END,
     error_backoff_seconds = EXCLUDED.error_backoff_seconds,
     max_consecutive_errors = EXCLUDED.max_consecutive_errors,
     updated_at = now()
+RETURNING {SCHEDULE_COLUMNS}
+"""
+
+# A once-per-launch schedule $1 (spec $2) that another launch completed: due again now.
+LAUNCH_ONCE_AGAIN = f"""
+UPDATE agora.schedules SET state = 'active', next_run_at = clock_timestamp(), updated_at = now()
+WHERE pipeline_id = $1 AND schedule_spec = $2 AND state = 'completed'
 RETURNING {SCHEDULE_COLUMNS}
 """
 
@@ -669,9 +678,13 @@ def insert_row(schema: str, table: str, columns: Sequence[str]) -> str:
     values = ", ".join(f"${i}" for i in range(1, len(columns) + 1))
     return f"INSERT INTO {quote_identifier(schema)}.{quote_identifier(table)} ({names}) VALUES ({values})"
 
-# The columns of a user's table $1.$2, in order (for a DatabaseSink without explicit columns).
+# The columns of a user's table $1.$2, in order, with their types (for a DatabaseSink: which
+# columns to write when none are given, and how to type text values for them).
 TABLE_COLUMNS = """
-SELECT column_name FROM information_schema.columns
+SELECT column_name, udt_name FROM information_schema.columns
 WHERE table_schema = $1 AND table_name = $2 AND is_generated = 'NEVER'
 ORDER BY ordinal_position
 """
+
+# Which server and database a connection is on (two handles on the same database answer alike).
+DATABASE_IDENTITY = "SELECT current_database(), pg_postmaster_start_time()::text, current_setting('port')"

@@ -18,6 +18,7 @@ class ScheduleRegistration:
     first_run_at: datetime | None  # None: now, by the database clock
     error_backoff_seconds: float
     max_consecutive_errors: int
+    new_launch: bool = False  # a once-per-launch schedule: due again now unless stopped or paused
 
 
 @dataclasses.dataclass(frozen=True)

@@ -74,6 +74,7 @@ class Store:
         # Statements of the Store run on its own connections; a borrowed engine's pool
         # is used only when the caller gave one (it may limit connections on purpose).
         self._own = ConnectionPool(database.asyncpg_url, 2 * pool_size, timeout) if owns_engine else None
+        self._identity: tuple[object, ...] | None = None
 
     @classmethod
     def open(cls, database: Database, *, pool_size: int = 5, timeout: float = 30.0) -> Store:
@@ -348,8 +349,22 @@ class Store:
             registration.first_run_at,
             registration.error_backoff_seconds,
             registration.max_consecutive_errors,
+            registration.new_launch,
         )
         return ScheduleRow.from_row(rows[0])
+
+    async def database_identity(self) -> tuple[object, ...]:
+        """Which server and database this is (``queries.DATABASE_IDENTITY``), asked once."""
+        if self._identity is None:
+            rows = await self._fetch(queries.DATABASE_IDENTITY)
+            self._identity = tuple(rows[0])
+        return self._identity
+
+    async def launch_once_again(self, pipeline_id: str, spec: str) -> ScheduleRow | None:
+        """Make a completed once-per-launch schedule due now (another launch completed it
+        meanwhile); None if it is not completed (any more)."""
+        rows = await self._fetch(queries.LAUNCH_ONCE_AGAIN, pipeline_id, spec)
+        return ScheduleRow.from_row(rows[0]) if rows else None
 
     async def get_schedule(self, pipeline_id: str) -> ScheduleRow | None:
         rows = await self._fetch(queries.SELECT_SCHEDULE, pipeline_id)

@@ -32,6 +32,11 @@ class TooManyDeadLetters(AgoraError):
     """A run rejected more records than its pipeline allows; the run fails."""
 
 
+class NothingWritten(AgoraError):
+    """A run dead-lettered records and wrote none: it fails (its records wait in
+    ``agora.dead_letters`` for a fix and a replay)."""
+
+
 class PipelineInterrupted(AgoraError):
     """The worker is stopping: a resumable pipeline stopped after its current batch
     (its position is saved; the next run goes on from there)."""
@@ -59,6 +64,7 @@ class RunReport:
     passed: int  # records that came through the steps to the sinks
     dead_letters: int  # records rejected by the source, a step or a sink
     resumed_after: Any
+    written: int = 0  # records every sink took (passed, less those a sink rejected)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,6 +144,7 @@ class BuiltPipeline:
         """Send dead letters through the steps and sinks again; returns those rejected
         again (recorded as new dead letters by the sinks' batch state)."""
         async with _run_context() as run:
+            await self._prepare_sinks(run)
             state = PipelineState(run.store)
             # A sink's reject was refused after the steps: it goes straight to the sinks again.
             # Other rejects are records as read: they go through the steps again.
@@ -147,15 +154,22 @@ class BuiltPipeline:
             step_letters = [dead_letter(item) for item in rejected]
             return rejected + await self._write(kept + from_sinks, state, run, None, step_letters)
 
+    async def _prepare_sinks(self, run: PipelineRun) -> None:
+        for sink in (*self.sinks, self.dead_letter_sink):
+            if sink is not None:
+                await sink.prepare(self.id, run.store)
+
     async def _run(self, run: PipelineRun) -> RunReport:
         pipeline, state = self.pipeline, PipelineState(run.store)
+        await self._prepare_sinks(run)
         resume_after = None
         if pipeline.source.resumable:
             saved = await state.checkpoint(self.id)
             if saved is not None and saved.source == pipeline.source.name:
                 resume_after = saved.position
                 log.info("pipeline %s resumes %s after %s", self.id, pipeline.source.name, resume_after)
-        batches = read = passed = rejected_total = 0
+        batches = read = passed = rejected_total = sink_rejected_total = 0
+        first_error: str | None = None
         async for batch in pipeline.source.read(pipeline.batch_size, resume_after):
             attributes = {"pipeline.id": self.id, "batch.index": batches}
             with span(pipeline.tracing, "pipeline.batch", attributes) as batch_span:
@@ -168,6 +182,9 @@ class BuiltPipeline:
                 read += len(batch.records) + len(batch.rejected)
                 passed += len(kept)
                 rejected_total += len(rejected) + len(sink_rejected)
+                sink_rejected_total += len({id(item.record) for item in sink_rejected})
+                if first_error is None and (rejected or sink_rejected):
+                    first_error = dead_letter((rejected or sink_rejected)[0]).error_message
                 if batch_span is not None:
                     batch_span.set_attributes({"records.read": len(batch.records) + len(batch.rejected),
                                                "records.passed": len(kept),
@@ -183,7 +200,18 @@ class BuiltPipeline:
                     f"pipeline {self.id}: stopped after batch {batches} ({read} records); the next run "
                     f"resumes after {batch.position!r}"
                 )
-        return RunReport(self.id, batches, read, passed, rejected_total, resume_after)
+        report = RunReport(self.id, batches, read, passed, rejected_total, resume_after,
+                           written=passed - sink_rejected_total)
+        log.info("pipeline %s%s: %d records read, %d written, %d dead-lettered (%d batches)", self.id,
+                 f" run {run.run_id}" if run.run_id is not None else "", report.read, report.written,
+                 report.dead_letters, report.batches)
+        if report.written == 0 and report.dead_letters > 0:
+            raise NothingWritten(
+                f"pipeline {self.id}: every record went to the dead letters ({report.dead_letters} of "
+                f"{report.read} read, none written); the first error: {first_error} "
+                f"(see agora-pg dlq list --pipeline {self.id})"
+            )
+        return report
 
     async def _steps(self, records: list[Record]) -> tuple[list[Record], list[Rejected]]:
         kept: list[Record] = []

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import uuid
 from collections.abc import Callable, Mapping
-from datetime import date, datetime
+from datetime import date, datetime, time
 from decimal import Decimal
 from typing import Any
 
@@ -59,6 +60,53 @@ CONVERTERS: dict[str, Callable[[str], Any]] = {
     "datetime": _datetime,
     "json": json.loads,
 }
+
+
+# How a text value (a CSV cell) becomes a value for a column of these PostgreSQL types
+# (``information_schema.columns.udt_name``); other types take the text as it is.
+def _naive_datetime(text: str) -> datetime:
+    return datetime.fromisoformat(text.strip())
+
+
+COLUMN_CONVERTERS: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "int2": ("integer", int), "int4": ("integer", int), "int8": ("integer", int),
+    "float4": ("number", float), "float8": ("number", float), "numeric": ("decimal", Decimal),
+    "bool": ("boolean", _bool),
+    "date": ("date", lambda text: date.fromisoformat(text.strip())),
+    "timestamptz": ("timestamp with a UTC offset", _datetime),
+    "timestamp": ("timestamp", _naive_datetime),
+    "time": ("time", lambda text: time.fromisoformat(text.strip())),
+    "uuid": ("uuid", lambda text: uuid.UUID(text.strip())),
+}
+
+
+def column_typer(column_types: Mapping[str, str]) -> Callable[[dict[str, Any]], dict[str, Any]] | None:
+    """A function that types the text values of a record for a table whose columns have
+    ``column_types`` (column -> udt_name): an empty text becomes None in a non-text
+    column, other text is converted; non-text values are left alone. Raises
+    ``ValueError`` naming the column. None when no column needs it."""
+    converters = {column: COLUMN_CONVERTERS[udt] for column, udt in column_types.items() if udt in COLUMN_CONVERTERS}
+    if not converters:
+        return None
+
+    def type_record(record: dict[str, Any]) -> dict[str, Any]:
+        changed: dict[str, Any] | None = None
+        for column, (type_name, convert) in converters.items():
+            value = record.get(column)
+            if not isinstance(value, str):
+                continue
+            if changed is None:
+                changed = dict(record)
+            if not value.strip():
+                changed[column] = None
+                continue
+            try:
+                changed[column] = convert(value)
+            except (ValueError, ArithmeticError) as error:
+                raise ValueError(f"column {column!r}: expected {type_name}, got {value!r} ({error})") from None
+        return record if changed is None else changed
+
+    return type_record
 
 
 def check_schema(schema: Mapping[str, str], key: str) -> dict[str, str]:

@@ -13,20 +13,23 @@ Guarantees when a run is killed and resumed from its checkpoint:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import operator
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 
 from agora_pg.db import queries
 from agora_pg.db.connect import Database
 from agora_pg.db.pipeline_state import Checkpoint, DeadLetter, write_batch_state
-from agora_pg.pipelines.records import Record, Rejected, to_json
+from agora_pg.db.store import Store
+from agora_pg.pipelines.records import Record, Rejected, column_typer, to_json
 
 
 # What a table (or the driver encoding for it) raises for rows it refuses: a batch that
@@ -58,6 +61,10 @@ class Sink:
     def commits_state_for(self, database: Database) -> bool:
         """True if this sink writes to ``database`` and so can commit batch state with its rows."""
         return False
+
+    async def prepare(self, pipeline_id: str, store: Store) -> None:
+        """Called before a run (or replay) writes: the pipeline's id and the agora database's Store."""
+        return None
 
     async def write(self, records: Sequence[Record], state: BatchState | None = None) -> list[Rejected]:
         raise NotImplementedError
@@ -118,89 +125,164 @@ class JsonlSink(_LinesSink):
 
 
 class DatabaseSink(Sink):
-    """Rows into ``table`` (``"schema.table"`` or ``"table"`` in ``public``), a
-    transaction per batch, with ``COPY`` (``mode="copy"``) or one INSERT per row
-    (``mode="insert"``). Columns are the table's columns that the records carry, or
-    ``columns``. A batch the table refuses is written again row by row, each row in a
-    savepoint: the rows it refuses become dead letters, the rest are kept."""
+    """Rows into a table, a transaction per batch, with ``COPY`` (``mode="copy"``) or one
+    INSERT per row (``mode="insert"``).
 
-    def __init__(self, database: str | Any, table: str, *, columns: Sequence[str] | None = None,
+    ``database`` is what ``connect_db(url)`` returns, a URL, a SQLAlchemy engine, or an
+    asyncpg connection or pool (used as given: the sink never closes it). ``table`` is
+    ``"schema.table"`` or ``"table"`` (in ``public``); it defaults to the pipeline's id.
+    Columns are the table's columns that the records carry, or ``columns``. Text values
+    (a ``CsvSource`` without a schema) are typed from the table's column types; a value
+    that does not convert, and every row the table refuses, becomes a dead letter (a
+    refused batch is written again row by row, each row in a savepoint); the rest are kept.
+    """
+
+    def __init__(self, database: Any, table: str | None = None, *, columns: Sequence[str] | None = None,
                  mode: str = "copy") -> None:
-        url = database if isinstance(database, str) else database.url.render_as_string(hide_password=False)
-        self.database = Database(url)
-        self.schema, _, self.table = table.rpartition(".")
-        self.schema = self.schema or "public"
+        self.database: Database | None = None
+        self._given: Any = None  # an asyncpg connection or pool of the caller's
+        if isinstance(database, Database):
+            self.database = database
+        elif isinstance(database, str):
+            self.database = Database(database)
+        elif isinstance(database, asyncpg.Connection | asyncpg.Pool | PoolConnectionProxy):
+            self._given = database
+        elif hasattr(getattr(database, "url", None), "render_as_string"):  # a SQLAlchemy engine
+            self.database = Database(database.url.render_as_string(hide_password=False))
+        else:
+            raise TypeError(
+                "DatabaseSink(database): expected what connect_db(url) returns, a postgresql:// URL, "
+                f"an asyncpg connection or pool, or a SQLAlchemy engine; got {type(database).__name__}"
+            )
+        if table is not None and (not isinstance(table, str) or not table.strip(".").strip()):
+            raise ValueError(f"DatabaseSink(table=...): expected 'table' or 'schema.table', got {table!r}")
+        self.schema: str = "public"
+        self.table: str | None = None  # None until a pipeline gives its id
+        if table is not None:
+            self.schema, self.table = _split_table(table)
         if mode not in ("copy", "insert"):
             raise ValueError(f"mode must be 'copy' or 'insert', got {mode!r}")
         self.mode = mode
         self.columns = list(columns) if columns is not None else None
-        self._connection: asyncpg.Connection | None = None
-        self._table_columns: list[str] | None = None
+        self._connection: asyncpg.Connection | None = None  # the sink's own (from a URL)
+        self._column_types: dict[str, str] | None = None  # the table's columns -> udt_name, in order
+        self._typer: Callable[[Record], Record] | None = None
+        self._on_agora_database: bool | None = None  # for a given connection or pool, once known
 
     @property
     def name(self) -> str:
-        return f"database:{self.schema}.{self.table}"
+        return f"database:{self.schema}.{self.table or '(pipeline id)'}"
 
     def commits_state_for(self, database: Database) -> bool:
-        return self.database.asyncpg_url == database.asyncpg_url
+        if self.database is not None:
+            return self.database.asyncpg_url == database.asyncpg_url
+        return bool(self._on_agora_database)
+
+    async def prepare(self, pipeline_id: str, store: Store) -> None:
+        if self.table is None:
+            self.schema, self.table = _split_table(pipeline_id)
+        if self._given is not None and self._on_agora_database is None:
+            async with self._connected() as connection:
+                mine = tuple(await connection.fetchrow(queries.DATABASE_IDENTITY))
+            self._on_agora_database = mine == await store.database_identity()
 
     async def write(self, records: Sequence[Record], state: BatchState | None = None) -> list[Rejected]:
-        connection = await self._connect()
-        columns = await self._columns(connection, records)
-        rows = _rows(records, columns)
-        rejected: list[Rejected] = []
-        try:
-            async with connection.transaction():
-                await self._write_rows(connection, columns, rows)
-                await self._write_state(connection, state, rejected)
-        except REFUSED_ROW_ERRORS:
-            rejected = []
-            async with connection.transaction():
-                for record, row in zip(records, rows, strict=True):
-                    try:
-                        async with connection.transaction():  # a savepoint per row
-                            await connection.execute(queries.insert_row(self.schema, self.table, columns), *row)
-                    except REFUSED_ROW_ERRORS as error:
-                        rejected.append(Rejected(f"sink:{self.name}", record, error))
-                await self._write_state(connection, state, rejected)
+        if self.table is None:
+            raise LookupError("DatabaseSink: no table: give table=..., or use the sink in a pipeline "
+                              "(whose id is the default table)")
+        async with self._connected() as connection:
+            columns = await self._columns(connection, records)
+            kept, rows, unconverted = self._typed(records, columns)
+            rejected = list(unconverted)
+            try:
+                async with connection.transaction():
+                    await self._write_rows(connection, columns, rows)
+                    await self._write_state(connection, state, rejected)
+            except REFUSED_ROW_ERRORS:
+                rejected = list(unconverted)
+                async with connection.transaction():
+                    for record, row in zip(kept, rows, strict=True):
+                        try:
+                            async with connection.transaction():  # a savepoint per row
+                                await connection.execute(queries.insert_row(self.schema, self.table, columns), *row)
+                        except REFUSED_ROW_ERRORS as error:
+                            rejected.append(Rejected(f"sink:{self.name}", record, error))
+                    await self._write_state(connection, state, rejected)
         return rejected
 
-    async def _write_rows(self, connection: asyncpg.Connection, columns: list[str], rows: list[tuple[Any, ...]]) -> None:
+    def _typed(
+        self, records: Sequence[Record], columns: list[str]
+    ) -> tuple[Sequence[Record], list[tuple[Any, ...]], list[Rejected]]:
+        """The records that convert to the table's types, their rows, and those that do not."""
+        if self._typer is None:
+            return records, _rows(records, columns), []
+        kept: list[Record] = []
+        typed: list[Record] = []
+        rejected: list[Rejected] = []
+        for record in records:
+            try:
+                typed.append(self._typer(record))
+            except ValueError as error:
+                rejected.append(Rejected(f"sink:{self.name}", record, error))
+            else:
+                kept.append(record)
+        return kept, _rows(typed, columns), rejected
+
+    async def _write_rows(self, connection: Any, columns: list[str], rows: list[tuple[Any, ...]]) -> None:
         if not rows:
             return
+        assert self.table is not None
         if self.mode == "copy":
             await connection.copy_records_to_table(self.table, schema_name=self.schema, columns=columns, records=rows)
         else:
             await connection.executemany(queries.insert_row(self.schema, self.table, columns), rows)
 
     @staticmethod
-    async def _write_state(connection: asyncpg.Connection, state: BatchState | None, rejected: list[Rejected]) -> None:
+    async def _write_state(connection: Any, state: BatchState | None, rejected: list[Rejected]) -> None:
         if state is None:
             return
         own = [dead_letter(item) for item in rejected] if state.record_rejects else []
         letters = state.dead_letters + own
         await write_batch_state(connection, state.pipeline_id, state.run_id, state.checkpoint, letters)
 
-    async def _connect(self) -> asyncpg.Connection:
-        if self._connection is None or self._connection.is_closed():
-            self._connection = await asyncpg.connect(self.database.asyncpg_url)
-        return self._connection
+    @contextlib.asynccontextmanager
+    async def _connected(self) -> AsyncIterator[Any]:
+        """The given connection, one of the given pool's, or the sink's own (kept open)."""
+        if isinstance(self._given, asyncpg.Pool):
+            async with self._given.acquire() as connection:
+                yield connection
+        elif self._given is not None:
+            yield self._given
+        else:
+            assert self.database is not None
+            if self._connection is None or self._connection.is_closed():
+                self._connection = await asyncpg.connect(self.database.asyncpg_url)
+            yield self._connection
 
-    async def _columns(self, connection: asyncpg.Connection, records: Sequence[Record]) -> list[str]:
-        if self.columns is not None:
-            return self.columns
-        if self._table_columns is None:
+    async def _columns(self, connection: Any, records: Sequence[Record]) -> list[str]:
+        if self._column_types is None:
             rows = await connection.fetch(queries.TABLE_COLUMNS, self.schema, self.table)
             if not rows:
-                raise LookupError(f"table {self.schema}.{self.table} does not exist in {self.database.display_url}")
-            self._table_columns = [row["column_name"] for row in rows]
+                where = self.database.display_url if self.database is not None else "the given connection's database"
+                raise LookupError(f"table {self.schema}.{self.table} does not exist in {where}")
+            self._column_types = {row["column_name"]: row["udt_name"] for row in rows}
+            wanted = self.columns if self.columns is not None else list(self._column_types)
+            self._typer = column_typer({c: self._column_types[c] for c in wanted if c in self._column_types})
+        if self.columns is not None:
+            return self.columns
         present = {key for record in records for key in record}
-        return [column for column in self._table_columns if column in present]
+        return [column for column in self._column_types if column in present]
 
     async def close(self) -> None:
         if self._connection is not None:
             await self._connection.close()
             self._connection = None
+
+
+def _split_table(name: str) -> tuple[str, str]:
+    """``"schema.table"`` or ``"table"`` (in ``public``)."""
+    schema, _, table = name.rpartition(".")
+    return schema or "public", table
 
 
 def _rows(records: Sequence[Record], columns: list[str]) -> list[tuple[Any, ...]]:

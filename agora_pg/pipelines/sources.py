@@ -122,13 +122,14 @@ def _read_batch(
 
 
 class SqlSource(Source):
-    """Rows of a query, read through a server-side cursor. With ``key`` (a column the
+    """Rows of a query, read through a server-side cursor, on the database at a URL (or
+    what ``connect_db(url)`` returns). With ``key`` (a column the
     query returns, unique and ordered), rows come in key order and a run resumes
     after the last key saved."""
 
-    def __init__(self, query: str, database_url: str, *, key: str | None = None) -> None:
+    def __init__(self, query: str, database_url: str | Database, *, key: str | None = None) -> None:
         self.query = query.strip().rstrip(";")
-        self.database = Database(database_url)
+        self.database = database_url if isinstance(database_url, Database) else Database(database_url)
         self.key = key
         self.resumable = key is not None
 

@@ -1,8 +1,11 @@
 """Scheduled pipelines and the worker runtime: ``from agora_pg.runner import Schedule, ScheduledPipeline, WorkerPool``."""
 
 from agora_pg.runner.health import HealthServer
-from agora_pg.runner.scheduled_pipeline import PipelineStatus, ScheduledPipeline
+from agora_pg.runner.scheduled_pipeline import PipelineStatus, RunAbandoned, ScheduledPipeline, ScheduleStopped
 from agora_pg.runner.worker_pool import JobWorkerStopped, PipelineFailed, WorkerPool
 from agora_pg.schedules import Schedule
 
-__all__ = ["HealthServer", "JobWorkerStopped", "PipelineFailed", "PipelineStatus", "Schedule", "ScheduledPipeline", "WorkerPool"]
+__all__ = [
+    "HealthServer", "JobWorkerStopped", "PipelineFailed", "PipelineStatus", "RunAbandoned", "Schedule",
+    "ScheduleStopped", "ScheduledPipeline", "WorkerPool",
+]

@@ -28,7 +28,7 @@ from agora_pg.outcomes import Outcome, OutcomeKind, StopReason, outcome_of
 from agora_pg.pipelines.pipeline import PipelineInterrupted, PipelineRun, current_run
 from agora_pg.runtime.database_calls import StopSignal, retry_database
 from agora_pg.runtime.leases import LeaseSupervisor, LeaseToken, supervising
-from agora_pg.runtime.process import ErrorWait, check_schema, new_worker_id
+from agora_pg.runtime.process import ErrorWait, check_schema, new_worker_id, warn_unknown_settings
 from agora_pg.schedules import NextRun, Schedule, error_backoff
 from agora_pg.settings import Settings, load_settings
 
@@ -110,6 +110,14 @@ class ScheduledPipeline:
     ) -> None:
         if not isinstance(pipeline_id, str) or not pipeline_id.strip():
             raise ValueError("pipeline_id must be a non-empty string")
+        if inspect.isawaitable(factory):  # factory=build_pipeline() instead of factory=build_pipeline
+            name = getattr(factory, "__name__", "build_pipeline")
+            if inspect.iscoroutine(factory):
+                factory.close()  # (it will never be awaited: no warning about it)
+            raise TypeError(f"factory must be the function itself, not a call of it: write "
+                            f"factory={name}, not factory={name}()")
+        if not callable(factory):
+            raise TypeError(f"factory must be a function that returns the pipeline, got {type(factory).__name__}")
         if not isinstance(schedule, Schedule):
             raise TypeError(f"schedule must be a Schedule (Schedule.every(...), ...), got {type(schedule).__name__}")
         if error_backoff_seconds < 0:
@@ -153,6 +161,7 @@ class ScheduledPipeline:
 
     async def start(self) -> None:
         """Run until stopped, on the database of the environment (or the embedded one)."""
+        warn_unknown_settings()
         settings = load_settings(os.environ)
         async with resolve_database(settings) as database:
             store = Store.open(database, pool_size=2, timeout=settings.database_timeout)
@@ -175,6 +184,22 @@ class ScheduledPipeline:
 
 class RunAbandoned(AgoraError):
     """A run's worker was lost (its lease expired) often enough in a row to stop the schedule."""
+
+
+class ScheduleStopped(AgoraError):
+    """A pipeline started on a schedule that ``max_consecutive_errors`` stopped earlier: it
+    does not run until resumed."""
+
+    def __init__(self, pipeline_id: str, consecutive_errors: int, last_error: str | None) -> None:
+        last = (last_error or "unknown").splitlines()[0] if (last_error or "").strip() else "unknown"
+        super().__init__(
+            f"pipeline {pipeline_id}: its schedule is stopped after {consecutive_errors} failed runs in a row "
+            f"(last error: {last}); resume it with `agora-pg schedules resume {pipeline_id}` or "
+            f"POST /schedules/{pipeline_id}/resume, then start again"
+        )
+        self.pipeline_id = pipeline_id
+        self.consecutive_errors = consecutive_errors
+        self.last_error = last_error
 
 
 class _PipelineRunner:
@@ -206,6 +231,7 @@ class _PipelineRunner:
             first_run_at=pipeline.schedule.first_run_at(pipeline._clock()),
             error_backoff_seconds=pipeline.error_backoff_seconds,
             max_consecutive_errors=pipeline.max_consecutive_errors,
+            new_launch=pipeline.schedule.once_per_launch,
         )
         try:
             pipeline._row = await self._call(lambda: self.store.upsert_schedule(registration), "registering")
@@ -258,8 +284,16 @@ class _PipelineRunner:
             if await self._rescue() is not None:
                 return 0.0  # look again at once: due after the error backoff
         pipeline._row = row
+        if row.schedule_spec == self.spec and row.state == "stopped":
+            raise _ScheduleStopped(ScheduleStopped(pipeline.pipeline_id, row.consecutive_errors, row.last_error))
         if row.state == "completed" and row.schedule_spec == self.spec:
-            log.info("pipeline %s has completed its once schedule; not running it again", pipeline.pipeline_id)
+            if pipeline.schedule.once_per_launch:  # another launch ran it meanwhile: this one runs it too
+                again = await self._call(lambda: self.store.launch_once_again(pipeline.pipeline_id, self.spec),
+                                         "launching its once schedule again")
+                pipeline._row = again or row
+                return 0.0
+            log.info("pipeline %s has completed its once schedule (%s); not running it again",
+                     pipeline.pipeline_id, self.spec)
             return None
         return self._idle_wait(row)
 

@@ -22,10 +22,10 @@ from agora_pg.lifecycle import shutdown_signals, wait_tasks_or_event
 from agora_pg.outcomes import describe_error
 from agora_pg.runner.health import HealthServer
 from agora_pg.runner.schedule_listener import listen_for_schedule_changes
-from agora_pg.runner.scheduled_pipeline import ScheduledPipeline
+from agora_pg.runner.scheduled_pipeline import ScheduledPipeline, ScheduleStopped
 from agora_pg.runtime.database_calls import StopSignal
 from agora_pg.runtime.leases import LeaseSupervisor, supervising
-from agora_pg.runtime.process import check_schema, new_worker_id
+from agora_pg.runtime.process import check_schema, new_worker_id, warn_unknown_settings
 from agora_pg.settings import Settings, load_settings
 from agora_pg.worker.worker import Worker
 
@@ -107,9 +107,12 @@ class WorkerPool:
     async def run(self, *, handle_signals: bool = True) -> None:
         """Run until shutdown; raises ``PipelineFailed`` if a pipeline stopped for errors
         (or ``JobWorkerStopped`` if the job worker ended on its own)."""
+        warn_unknown_settings()
         settings = self.settings or load_settings(os.environ)
         if self.job_worker is not None:
             settings = self.job_worker.effective_settings()
+        if settings.health_port is not None:  # WORKER_HEALTH_PORT: over the code's or config's
+            self.health_port = settings.health_port
         with shutdown_signals(self.stop, self.abort) if handle_signals else contextlib.nullcontext():
             async with resolve_database(settings) as database:
                 store = Store.open(database, pool_size=5, timeout=settings.database_timeout)
@@ -184,6 +187,8 @@ class WorkerPool:
             return JobWorkerStopped(f"the job worker stopped unexpectedly: {error!r}")
         if error is None:
             return None  # a once pipeline that completed
+        if isinstance(error, ScheduleStopped):  # stopped before this start: the error says what to do
+            return error
         if owner.status.state == "stopped":
             log.error("pipeline %s reached max_consecutive_errors; shutting the pool down", owner.pipeline_id)
             return PipelineFailed(owner.pipeline_id, owner.status.consecutive_errors, error)

@@ -1,16 +1,22 @@
 """Process helpers shared by the job worker and the pipeline runner: worker ids,
-the schema check, and the pause between retries of a failing database call."""
+the schema check, the pause between retries of a failing database call, and the
+warning about misspelled settings."""
 
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import socket
 import uuid
+from collections.abc import Mapping
 
 from agora_pg.db.migrate import head_revisions
 from agora_pg.db.store import Store
 from agora_pg.errors import SchemaNotReady
+from agora_pg.settings import unknown_variables
+
+log = logging.getLogger("agora_pg")
 
 
 class ErrorWait:
@@ -61,3 +67,15 @@ def tune_garbage_collector() -> None:
     gc.freeze()
     _first, second, third = gc.get_threshold()
     gc.set_threshold(WORKER_GC_THRESHOLD, second, third)
+
+
+_warned_settings: set[str] = set()  # per process: each unknown variable is named once
+
+
+def warn_unknown_settings(env: Mapping[str, str] | None = None) -> None:
+    """Log a WARNING, once per process, for each ``AGORA_PG_*`` / ``WORKER_*`` variable
+    agora-pg does not read, with the closest known name."""
+    for line in unknown_variables(os.environ if env is None else env):
+        if line not in _warned_settings:
+            _warned_settings.add(line)
+            log.warning("%s", line)

@@ -29,7 +29,7 @@ from agora_pg.lifecycle import shutdown_signals, wait_for_event, wait_tasks_or_e
 from agora_pg.outcomes import Outcome, StopReason
 from agora_pg.runtime.database_calls import StopSignal, Stopped, listen_until, retry_database, unless_stopped
 from agora_pg.runtime.leases import LeaseSupervisor, supervising
-from agora_pg.runtime.process import ErrorWait, check_schema, new_worker_id
+from agora_pg.runtime.process import ErrorWait, check_schema, new_worker_id, warn_unknown_settings
 from agora_pg.settings import Settings, load_settings
 from agora_pg.worker.attempts import DEFAULT_OPTIONS, Attempt, run_attempt
 from agora_pg.worker.completer import Completer
@@ -102,6 +102,7 @@ class Worker:
 
     async def run(self, *, handle_signals: bool = True) -> None:
         """Run until ``stop()`` or SIGINT/SIGTERM; blocks."""
+        warn_unknown_settings()
         settings = self.effective_settings()
         with shutdown_signals(self.stop, self.abort) if handle_signals else contextlib.nullcontext():
             async with resolve_database(settings) as database:

@@ -1,6 +1,6 @@
 """The worker module for scheduled-pipeline acceptance tests, configured by environment:
 
-PIPELINE_SCHEDULE (every1s | hourly | once), PIPELINE_SLEEP (seconds a run takes),
+PIPELINE_SCHEDULE (every1s | hourly | once | once_key), PIPELINE_SLEEP (seconds a run takes),
 PIPELINE_FAIL (1: every run raises), PIPELINE_EXIT (1: every run kills its process),
 PIPELINE_BACKOFF, PIPELINE_MAX_ERRORS.
 Every run records its start and end in public.pipeline_events, or, with LEDGER_DIR
@@ -27,6 +27,7 @@ SCHEDULES = {
     "every1s": Schedule.every(seconds=1),
     "hourly": Schedule.every(hours=1),
     "once": Schedule.once(),
+    "once_key": Schedule.once(key="2024"),
 }
 
 

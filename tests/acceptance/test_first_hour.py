@@ -1,0 +1,100 @@
+"""What a new user meets in the first hour at a shell: the CLI's flags, its logging,
+misspelled settings, and `alembic upgrade head` as the design card uses it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .test_worker_processes import worker_env
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.acceptance
+
+
+def run(args: list[str], env: dict[str, str], cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, env=env, cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "agora_pg.cli", *args]
+
+
+def bare_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WORKER_", "AGORA_PG_", "DATABASE_URL"))}
+    env.update(extra)
+    return env
+
+
+def test_version_and_log_options_before_or_after_the_command(database_url: str) -> None:
+    version = run(cli("--version"), worker_env(database_url))
+    assert version.returncode == 0 and version.stdout.startswith("agora-pg ") and version.stdout.split()[1][0].isdigit()
+    for args in (("--log-level", "DEBUG", "jobs", "list"), ("jobs", "list", "--log-level", "debug"),
+                 ("schedules", "list", "--log-level", "WARNING")):
+        result = run(cli(*args), worker_env(database_url))
+        assert result.returncode == 0, (args, result.stderr)
+    debug = run(cli("jobs", "list", "--log-level", "DEBUG"), worker_env(database_url))
+    assert " DEBUG " in debug.stderr
+    wrong = run(cli("jobs", "list", "--log-level", "LOUD"), worker_env(database_url))
+    assert wrong.returncode == 2 and "invalid choice: 'LOUD'" in wrong.stderr
+    from_env = run(cli("jobs", "list"), worker_env(database_url, AGORA_PG_LOG_LEVEL="loud"))
+    assert from_env.returncode == 2 and from_env.stderr.strip() == (
+        "agora-pg: AGORA_PG_LOG_LEVEL: expected DEBUG, INFO, WARNING, ERROR, got 'LOUD'")
+
+
+def test_a_misspelled_setting_is_named_once_with_the_closest_known_one(database_url: str) -> None:
+    result = run(cli("jobs", "list"), worker_env(database_url, WORKER_CONCURENCY="50", AGORA_PG_TOKEN="x",
+                                                   AGORA_PG_XYZZY="1"))
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if "unknown setting" in line]
+    assert len(lines) == 3, result.stderr
+    assert lines[0].endswith("unknown setting AGORA_PG_TOKEN (ignored); did you mean AGORA_PG_API_TOKEN?")
+    assert lines[1].endswith("unknown setting AGORA_PG_XYZZY (ignored)")  # nothing close enough to suggest
+    assert lines[2].endswith("unknown setting WORKER_CONCURENCY (ignored); did you mean WORKER_CONCURRENCY?")
+
+
+def test_json_log_lines(database_url: str) -> None:
+    result = run(cli("--log-format", "json", "jobs", "list", "--log-level", "DEBUG"),
+                 worker_env(database_url, WORKER_CONCURENCY="5"))
+    assert result.returncode == 0, result.stderr
+    entries = [json.loads(line) for line in result.stderr.splitlines()]
+    assert entries and all(set(entry) >= {"time", "level", "logger", "message"} for entry in entries)
+    assert any(entry["level"] == "WARNING" and "WORKER_CONCURRENCY" in entry["message"] for entry in entries)
+    from_env = run(cli("jobs", "list"), worker_env(database_url, AGORA_PG_LOG_FORMAT="xml"))
+    assert from_env.returncode == 2 and "AGORA_PG_LOG_FORMAT: expected text or json" in from_env.stderr
+
+
+def test_migrate_says_what_it_applied(fresh_db: str) -> None:
+    first = run(cli("migrate"), worker_env(fresh_db))
+    assert first.returncode == 0, first.stderr
+    assert "applied migration(s) 0001, 0002, 0003, 0004 to " in first.stderr
+    assert "alembic" not in first.stderr  # Alembic's own INFO lines are for --log-level DEBUG
+    again = run(cli("migrate"), worker_env(fresh_db))
+    assert again.returncode == 0 and "nothing to apply" in again.stderr
+
+
+def test_alembic_upgrade_head_logs_what_it_applied_and_says_one_line_for_a_wrong_url(fresh_db: str) -> None:
+    alembic = [sys.executable, "-m", "alembic", "upgrade", "head"]
+    applied = run(alembic, bare_env(AGORA_PG_DATABASE_URL=fresh_db))
+    assert applied.returncode == 0, applied.stderr
+    assert "Running upgrade  -> 0001" in applied.stderr and "is at revision 0004" in applied.stderr
+    for url, words in (("postgresql://postgres@127.0.0.1:1/nowhere", "alembic: cannot connect to"),
+                       (fresh_db.rsplit("/", 1)[0] + "/no_such_database", "does not exist"),
+                       ("mysql://somewhere/db", "alembic: DATABASE_URL: expected a postgresql:// URL")):
+        failed = run(alembic, bare_env(AGORA_PG_DATABASE_URL=url))
+        assert failed.returncode != 0
+        assert len(failed.stderr.strip().splitlines()) == 1 and words in failed.stderr, failed.stderr
+
+
+def test_embedded_mode_says_which_server_once_and_nothing_else(tmp_path: Path) -> None:
+    env = bare_env(AGORA_PG_DATA_DIR=str(tmp_path / ".agora-pg"))
+    env.pop("XDG_RUNTIME_DIR", None)
+    result = run(cli("jobs", "list"), env)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("no DATABASE_URL set; using the embedded PostgreSQL") == 1, result.stderr
+    assert "XDG_RUNTIME_DIR" not in result.stderr and "alembic" not in result.stderr, result.stderr
