@@ -66,8 +66,9 @@ async def lifespan() -> AsyncIterator[Resources]:
     """Open shared clients when the worker starts; close them when it stops."""
     tomorrow = datetime.now(UTC).replace(hour=9, minute=30, second=0, microsecond=0) + timedelta(days=1)
     appointments = {  # a real worker would open its appointment service's client here
-        1: Appointment(1, "Ada Lovelace", "ada@example.com", tomorrow, "Marylebone Clinic"),
-        2: Appointment(2, "Alan Turing", "+44 20 7946 0000", tomorrow + timedelta(hours=2), "Bletchley Practice"),
+        1: Appointment(1, "Ada Lovelace", "ada@example.com", tomorrow, "Marylebone Clinic", "Europe/London"),
+        2: Appointment(2, "Alan Turing", "+44 20 7946 0000", tomorrow + timedelta(hours=2), "Bletchley Practice",
+                       "Europe/London"),
     }
     yield Resources(greeting="hello from agora-pg", appointments=appointments)
 

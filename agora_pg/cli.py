@@ -234,6 +234,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         # Read and check a config first: a wrong one fails before anything starts.
         config = pipeline_commands.read_config(args.config) if getattr(args, "config", None) else None
+        if args.command in ("api", "dev"):  # a busy port is said before a server starts
+            serve.check_port_free("--port", args.host, args.port)
         if args.command in SCHEMA_COMMANDS and load_settings(os.environ).database_url is None:
             asyncio.run(run_migrate(implicit=True))
         if args.command == "migrate":

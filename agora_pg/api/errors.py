@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from typing import Any
@@ -35,10 +36,48 @@ class PayloadTooLarge(AgoraError):
         self.field = "payload"
 
 
+class UnsupportedMediaType(AgoraError):
+    """A request body that is not sent as JSON."""
+
+
+class BadBody(AgoraError):
+    """A request body that is empty or not a JSON text agora-pg can take."""
+
+
+JSON_MEDIA_TYPES = ("application/json",)
+# A \uD800-\uDFFF escape: half of a UTF-16 pair; alone it is no character (JSON allows it,
+# Unicode text and PostgreSQL do not).
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+async def check_json_body(request: Request[Any, Any, Any]) -> None:
+    """Before a handler that takes a JSON body: 415 for another content type, 400 for an
+    empty body or one holding a lone surrogate, each saying what is wrong."""
+    declared = request.headers.get("content-type")
+    media = request.content_type[0].lower() if declared else "application/json"
+    if media not in JSON_MEDIA_TYPES and not media.endswith("+json"):
+        raise UnsupportedMediaType(
+            f"Content-Type must be application/json, got {media!r} (with curl: -H 'Content-Type: application/json')"
+        )
+    body = await request.body()
+    if not body.strip():
+        raise BadBody('the request body is empty: send a JSON object, e.g. {"kind": "send_email"}')
+    if _SURROGATE_ESCAPE.search(body):
+        try:
+            json.dumps(json.loads(body), ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadBody("the JSON body holds a lone surrogate escape (such as \\ud800): half of a UTF-16 "
+                          "pair is not a character; send the whole pair or the character itself") from None
+        except ValueError:
+            pass  # not JSON: the body's own parser says why
+
+
 def status_of(error: AgoraError) -> int:
     """The HTTP status an agora-pg error answers with."""
-    if isinstance(error, InvalidJob | InvalidArgument):
+    if isinstance(error, InvalidJob | InvalidArgument | BadBody):
         return 400
+    if isinstance(error, UnsupportedMediaType):
+        return 415
     if isinstance(error, JobNotFound | ScheduleNotFound):
         return 404
     if isinstance(error, InvalidTransition | ScheduleConflict | JobConflict):
@@ -54,11 +93,11 @@ def error_response(request: Request[Any, Any, Any], error: Exception) -> Respons
     """Map any exception a handler raised to a JSON ``ErrorBody``."""
     if isinstance(error, AgoraError):
         status = status_of(error)
-        body = ErrorBody(status, str(error), getattr(error, "field", None))
+        body = ErrorBody(status, public_detail(error), getattr(error, "field", None))
     elif isinstance(error, ValidationException):
         body = _validation_body(error)
     elif isinstance(error, HTTPException):
-        body = ErrorBody(error.status_code, error.detail)
+        body = ErrorBody(error.status_code, _EXPLAINED.get(error.detail, error.detail))
     else:
         log.exception("unexpected error answering %s %s", request.method, request.url.path)
         body = ErrorBody(HTTP_500_INTERNAL_SERVER_ERROR, "internal error")
@@ -66,18 +105,36 @@ def error_response(request: Request[Any, Any, Any], error: Exception) -> Respons
     return Response(body, status_code=body.status_code, headers=headers)
 
 
+def public_detail(error: AgoraError) -> str:
+    """What an answer may say of an error: the database's address and user stay in the
+    log, not in an answer to a caller who may not be authenticated."""
+    if isinstance(error, DatabaseUnavailable):
+        log.warning("answering 503: %s", error)
+        return "the database is unavailable (the API's log says why)"
+    if isinstance(error, SchemaNotReady):
+        log.warning("answering 503: %s", error)
+        return "the agora schema is missing or not at the migrations' head: run agora-pg migrate"
+    return str(error)
+
+
 def _validation_body(error: ValidationException) -> ErrorBody:
     """Litestar's validation failures carry ``[{"key", "message", "source"}]``; name the first."""
     problems = error.extra if isinstance(error.extra, list) else []
     for problem in problems:
         if isinstance(problem, dict) and problem.get("message"):
-            message = str(problem["message"])
+            message = _EXPLAINED.get(str(problem["message"]), str(problem["message"]))
             key = problem.get("key") or None
             if key in (None, "data"):
                 key = _body_field(message)
             return ErrorBody(400, f"{key}: {message}" if key else message, key)
-    return ErrorBody(400, error.detail)
+    return ErrorBody(400, _EXPLAINED.get(error.detail, error.detail))
 
+
+# msgspec's words for a body that is not JSON, said for a person.
+_EXPLAINED = {
+    "Input data was truncated": "the request body is not complete JSON (it ends early)",
+    "Invalid UTF-8 encoded string": "the request body is not UTF-8 text",
+}
 
 # msgspec names the field of a body error in its message: "... - at `$.payload`",
 # "Object contains unknown field `colour`", "Object missing required field `kind`".

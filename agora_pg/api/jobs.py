@@ -10,7 +10,7 @@ from litestar.di import NamedDependency
 from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 
 from agora_pg.api import params
-from agora_pg.api.errors import PayloadTooLarge
+from agora_pg.api.errors import PayloadTooLarge, check_json_body
 from agora_pg.api.schemas import JobCreate, JobOut, JobPage
 from agora_pg.db.store import Store
 from agora_pg.errors import InvalidJob
@@ -23,7 +23,7 @@ class JobController(Controller):
     path = "/jobs"
     tags = ["jobs"]
 
-    @post("/", status_code=201, responses=None)
+    @post("/", status_code=201, responses=None, before_request=check_json_body)
     async def create_job(
         self, data: JSONBody[JobCreate], store: NamedDependency[Store], settings: NamedDependency[Settings]
     ) -> Response[JobOut]:

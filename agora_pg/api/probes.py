@@ -8,6 +8,7 @@ from litestar.di import NamedDependency
 from litestar.status_codes import HTTP_200_OK, HTTP_503_SERVICE_UNAVAILABLE
 
 from agora_pg.api.auth import PUBLIC
+from agora_pg.api.errors import public_detail
 from agora_pg.api.metrics import CONTENT_TYPE, render_metrics
 from agora_pg.api.schemas import Health
 from agora_pg.db.store import Store
@@ -34,7 +35,7 @@ async def ready(store: NamedDependency[Store], state: State) -> Response[Health]
                 status_code=HTTP_503_SERVICE_UNAVAILABLE,
             )
     except AgoraError as error:
-        return Response(Health("not ready", str(error)), status_code=HTTP_503_SERVICE_UNAVAILABLE)
+        return Response(Health("not ready", public_detail(error)), status_code=HTTP_503_SERVICE_UNAVAILABLE)
     return Response(Health("ready", revision=", ".join(sorted(versions))), status_code=HTTP_200_OK)
 
 

@@ -9,6 +9,7 @@ import ipaddress
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -52,8 +53,7 @@ async def run_api(host: str, port: int, insecure: bool, log_level: str) -> None:
 
     settings = load_settings(os.environ)
     check_bind(host, settings.api_token, insecure)
-    if not 0 <= port <= 65535:
-        raise ConfigError("--port", f"must be a port number, got {port}")
+    check_port_free("--port", host, port)
     config = uvicorn.Config(create_app(settings), host=host, port=port, log_level=log_level.lower(),
                             lifespan="on", access_log=False)
     server = _api_server_class()(config)
@@ -92,6 +92,13 @@ async def run_dev(host: str, port: int, module: str, health_port: int | None, lo
     check_bind(host, settings.api_token, insecure=False)
     if "." not in module and not (Path.cwd() / f"{module}.py").exists():
         raise ConfigError("--module", f"no {module}.py in {Path.cwd()}: run agora-pg dev where worker.py is")
+    # Every port is checked before anything starts; the worker's health server gets a free
+    # port of its own unless --health-port names one (the module's own may be taken).
+    check_port_free("--port", host, port)
+    if health_port is None:
+        health_port = free_port(HEALTH_HOST)
+    else:
+        check_port_free("--health-port", HEALTH_HOST, health_port)
     async with resolve_database(settings) as database:
         store = Store.open(database, pool_size=1)
         try:
@@ -100,9 +107,7 @@ async def run_dev(host: str, port: int, module: str, health_port: int | None, lo
             await store.close()
         env = {**os.environ, "AGORA_PG_DATABASE_URL": database.asyncpg_url}
         base = [sys.executable, "-m", "agora_pg.cli", "--log-level", log_level]
-        worker_args = [*base, "worker", "--module", module]
-        if health_port is not None:
-            worker_args += ["--health-port", str(health_port)]
+        worker_args = [*base, "worker", "--module", module, "--health-port", str(health_port)]
         children = {
             "api": _start([*base, "api", "--host", host, "--port", str(port)], env),
             "worker": _start(worker_args, env),
@@ -110,6 +115,7 @@ async def run_dev(host: str, port: int, module: str, health_port: int | None, lo
         print(
             f"agora-pg dev: database {database.display_url}\n"
             f"agora-pg dev: API on http://{host}:{port} (OpenAPI at /schema), worker running {module}.py\n"
+            f"agora-pg dev: worker health on http://127.0.0.1:{health_port}/health and /ready\n"
             "agora-pg dev: Ctrl+C stops both",
             flush=True,
         )
@@ -118,6 +124,30 @@ async def run_dev(host: str, port: int, module: str, health_port: int | None, lo
         finally:
             for child in children.values():
                 _kill(child)
+
+
+HEALTH_HOST = "0.0.0.0"  # where a WorkerPool's health server listens
+
+
+def check_port_free(option: str, host: str, port: int) -> None:
+    """One readable line, before anything starts, if ``port`` cannot be listened on."""
+    if not 0 <= port <= 65535:
+        raise ConfigError(option, f"must be a port number, got {port}")
+    if port == 0:
+        return
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers themselves do
+            probe.bind((host, port))
+    except OSError as error:
+        raise ConfigError(option, f"port {port} on {host} is not free ({error.strerror or error}); "
+                                  f"pick another with {option}") from None
+
+
+def free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET) as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
 
 
 def _start(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:

@@ -13,6 +13,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from agora_pg.errors import ConfigError
+
 log = logging.getLogger("agora_pg.runner")
 
 Report = Callable[[], Awaitable[tuple[bool, dict[str, Any]]]]
@@ -30,7 +32,13 @@ class HealthServer:
         self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, self.host, self.port)
+        try:
+            self._server = await asyncio.start_server(self._handle, self.host, self.port)
+        except OSError as error:
+            raise ConfigError(
+                "health_port", f"the health server cannot listen on {self.host}:{self.port}: {error.strerror or error}; "
+                "pick another port with --health-port or WORKER_HEALTH_PORT (0: any free port)"
+            ) from None
         self.port = self._server.sockets[0].getsockname()[1]
         log.info("health server on http://%s:%d/health and /ready", self.host, self.port)
 

@@ -130,6 +130,9 @@ class WorkerPool:
             await self._serve_with(store, settings, worker_id, supervisor)
 
     async def _serve_with(self, store: Store, settings: Settings, worker_id: str, supervisor: LeaseSupervisor) -> None:
+        if self.health_port is not None:  # first: a port in use stops the pool before anything runs
+            self.health = HealthServer(self.health_port, self._live, self._ready)
+            await self.health.start()
         tasks: dict[asyncio.Task[Any], ScheduledPipeline | Worker] = {}
         for pipeline in self.pipelines:
             serving = pipeline.serve(store, worker_id, settings, supervisor)
@@ -138,9 +141,6 @@ class WorkerPool:
             worker_settings = settings.replace(shutdown_timeout=self.graceful_shutdown_timeout)
             serving = self.job_worker.serve(store, worker_settings, supervisor)
             tasks[asyncio.create_task(serving, name="jobs")] = self.job_worker
-        if self.health_port is not None:
-            self.health = HealthServer(self.health_port, self._live, self._ready)
-            await self.health.start()
         listener_stop = asyncio.Event()
         listener = (
             asyncio.create_task(listen_for_schedule_changes(store, self.pipelines, listener_stop), name="schedules")

@@ -14,6 +14,7 @@ class Appointment:
     contact: str
     starts_at: datetime
     clinic: str
+    timezone: str = "UTC"  # the clinic's (an IANA name): reminders show its local time
 
 
 @dataclasses.dataclass(frozen=True)

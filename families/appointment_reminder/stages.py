@@ -31,14 +31,13 @@ class LoadFromBook:
 
 
 class ComposeReminder:
-    """The reminder's text, in the clinic's time zone."""
+    """The reminder's text, with the time in the clinic's own time zone."""
 
-    def __init__(self, template: str, timezone: str = "Europe/Berlin") -> None:
+    def __init__(self, template: str) -> None:
         self.template = template
-        self.zone = ZoneInfo(timezone)
 
     def compose(self, appointment: Appointment) -> Message:
-        local = appointment.starts_at.astimezone(self.zone)
+        local = appointment.starts_at.astimezone(ZoneInfo(appointment.timezone))
         text = self.template.format(name=appointment.patient_name, clinic=appointment.clinic,
                                     day=local.strftime("%A %d %B"), time=local.strftime("%H:%M"))
         return Message(to=appointment.contact, text=text)

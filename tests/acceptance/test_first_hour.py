@@ -3,15 +3,21 @@ misspelled settings, and `alembic upgrade head` as the design card uses it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from .test_worker_processes import worker_env
+from ..conftest import Processes
+from .test_api_processes import wait_ready
+from .test_worker_processes import free_port, worker_env
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.acceptance
@@ -98,3 +104,49 @@ def test_embedded_mode_says_which_server_once_and_nothing_else(tmp_path: Path) -
     assert result.returncode == 0, result.stderr
     assert result.stderr.count("no DATABASE_URL set; using the embedded PostgreSQL") == 1, result.stderr
     assert "XDG_RUNTIME_DIR" not in result.stderr and "alembic" not in result.stderr, result.stderr
+
+
+def test_busy_ports_are_named_in_one_line_before_anything_starts(database_url: str, tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        for args, option in ((("dev", "--port", str(port)), "--port"),
+                             (("dev", "--port", str(free_port()), "--health-port", str(port)), "--health-port"),
+                             (("api", "--port", str(port)), "--port")):
+            started = time.monotonic()
+            result = run(cli(*args), bare_env(AGORA_PG_DATA_DIR=str(tmp_path / "never-started")))
+            assert result.returncode == 2, result.stderr
+            assert result.stderr.strip().splitlines() == [
+                f"agora-pg: {option}: port {port} on {'0.0.0.0' if option == '--health-port' else '127.0.0.1'} "
+                f"is not free (Address already in use); pick another with {option}"]
+            assert time.monotonic() - started < 20 and not (tmp_path / "never-started").exists()
+        worker = run(cli("worker", "--module", "worker", "--health-port", str(port)), worker_env(database_url))
+        assert worker.returncode == 2, worker.stderr
+        assert worker.stderr.strip().splitlines()[-1].startswith(
+            f"agora-pg: health_port: the health server cannot listen on 0.0.0.0:{port}")
+        assert "Traceback" not in worker.stderr
+
+
+async def test_dev_gives_the_worker_a_free_health_port_when_the_modules_is_taken(
+    database_url: str, processes: Processes
+) -> None:
+    with contextlib.ExitStack() as stack:
+        try:  # worker.py asks for 8080: make sure it is taken (by something else, or by this test)
+            taken = stack.enter_context(socket.socket())
+            taken.bind(("0.0.0.0", 8080))
+            taken.listen()
+        except OSError:
+            pass  # already in use
+        port = free_port()
+        dev = processes.start(cli("dev", "--port", str(port)), worker_env(database_url), REPO)
+        base = f"http://127.0.0.1:{port}"
+        await wait_ready(base, dev)
+        os.kill(dev.pid, signal.SIGINT)
+        output, _ = dev.communicate(timeout=60)
+    text = output.decode(errors="replace")
+    assert dev.returncode == 0, text
+    [line] = [line for line in text.splitlines() if "worker health on" in line]
+    health_port = int(line.split("http://127.0.0.1:")[1].split("/")[0])
+    assert health_port != 8080
+    assert f"health server on http://0.0.0.0:{health_port}/health" in text

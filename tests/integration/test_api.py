@@ -336,3 +336,40 @@ async def test_token_guards_everything_but_the_probes(store: Store, settings: Se
         right = await client.post("/jobs", json={"kind": "k"}, headers={"Authorization": f"Bearer {TOKEN}"})
         assert right.status_code == 201
     assert len(await store.list_jobs({}, 10)) == 1
+
+
+async def test_a_body_not_sent_as_json_empty_or_broken_is_refused_saying_why(client: httpx.AsyncClient) -> None:
+    for content_type in ("text/plain", "application/x-www-form-urlencoded"):
+        response = await client.post("/jobs", content=b'{"kind": "k"}', headers={"content-type": content_type})
+        assert response.status_code == 415, response.text
+        assert response.json()["detail"].startswith(f"Content-Type must be application/json, got '{content_type}'")
+    cases = [
+        (b"", "the request body is empty"),
+        (b"  ", "the request body is empty"),
+        (b'{"kind": "k", "payload": {"note": "\\ud800"}}', "lone surrogate escape"),
+        (b'{"kind": "\\udfff x"}', "lone surrogate escape"),
+        (b'{"kind":', "the request body is not complete JSON"),
+        (b'{"kind": "\xff"}', "the request body is not UTF-8 text"),
+    ]
+    for content, words in cases:
+        response = await client.post("/jobs", content=content, headers={"content-type": "application/json"})
+        assert response.status_code == 400 and words in response.json()["detail"], (content, response.text)
+    pair = await client.post("/jobs", content=b'{"kind": "k", "payload": {"smile": "\\ud83d\\ude00"}}',
+                             headers={"content-type": "application/json; charset=utf-8"})
+    assert pair.status_code == 201 and pair.json()["payload"] == {"smile": "\U0001F600"}
+    vendor = await client.post("/jobs", content=b'{"kind": "k"}', headers={"content-type": "application/vnd.x+json"})
+    assert vendor.status_code == 201
+    assert (await client.get("/jobs")).status_code == 200  # no body needed elsewhere
+
+
+async def test_a_database_that_is_down_is_a_503_that_does_not_show_where_it_is(
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    down = settings.replace(database_url="postgresql://secret_user@127.0.0.1:1/agora", database_timeout=2)
+    async with api_client(down) as client:
+        for response in (await client.post("/jobs", json={"kind": "k"}), await client.get("/ready"),
+                         await client.get("/jobs")):
+            assert response.status_code == 503, response.text
+            assert "secret_user" not in response.text and "127.0.0.1" not in response.text
+            assert "the database is unavailable" in response.text
+    assert "secret_user" in caplog.text  # the operator still learns where it tried

@@ -296,3 +296,104 @@ async def test_database_sink_takes_an_engine_and_lines_sinks_reject_what_json_ca
     [letter] = await PipelineState(store).dead_letters("mixed", False, 10)
     assert (letter.stage, letter.error_type) == ("sink:jsonl", "TypeError")
     assert report.dead_letters == 1
+
+
+TYPED = ("CREATE TABLE public.events_ingest (id int PRIMARY KEY, name text, amount numeric, "
+         "at timestamptz, active bool, day date)")
+
+
+async def test_database_sink_takes_every_handle_and_defaults_to_the_pipeline_id(
+    store: Store, database_url: str, tmp_path: Path
+) -> None:
+    from agora_pg import connect_db
+
+    await fetch(store, TYPED)
+    connection = await asyncpg.connect(database_url)
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
+    try:
+        handles = [await connect_db(database_url), database_url, store.engine, connection, pool]
+        for number, handle in enumerate(handles, start=1):
+            sink = DatabaseSink(handle)
+            built = Pipeline(IterableSource([{"id": number, "name": f"via {type(handle).__name__}"}]),
+                             id="events_ingest").build(sink)
+            with in_run(store):
+                report = await built.run()
+                await built.close()
+            assert (report.written, report.dead_letters) == (1, 0)
+            assert sink.name == "database:public.events_ingest"
+            assert sink.commits_state_for(store.database)  # all on the agora database: one transaction
+        assert not connection.is_closed()  # a given connection is the caller's to close
+    finally:
+        await connection.close()
+        await pool.close()
+    names = [row["name"] for row in await fetch(store, "SELECT name FROM public.events_ingest ORDER BY id")]
+    assert names == ["via Database", "via str", "via AsyncEngine", "via Connection", "via Pool"]
+
+    with pytest.raises(TypeError, match="expected what connect_db\\(url\\) returns, .* got int"):
+        DatabaseSink(42)
+    with pytest.raises(ValueError, match="expected 'table' or 'schema.table'"):
+        DatabaseSink(database_url, "")
+    from agora_pg.errors import DatabaseUnavailable
+    with pytest.raises(DatabaseUnavailable, match="cannot connect to postgresql://postgres@127.0.0.1:1/x"):
+        await connect_db("postgresql://postgres@127.0.0.1:1/x")
+
+
+async def test_a_given_connection_to_another_database_is_not_the_agora_database(
+    store: Store, fresh_db: str
+) -> None:
+    other = await asyncpg.connect(fresh_db)
+    try:
+        await other.execute("CREATE TABLE public.copied (id int)")
+        sink = DatabaseSink(other, "copied")
+        await sink.prepare("copied", store)
+        assert not sink.commits_state_for(store.database)
+        built = Pipeline(IterableSource([{"id": 1}, {"id": 2}]), id="copied").build(sink)
+        with in_run(store):
+            assert (await built.run()).written == 2
+        assert await other.fetchval("SELECT count(*) FROM public.copied") == 2
+    finally:
+        await other.close()
+
+
+async def test_csv_text_is_typed_from_the_table_and_what_does_not_fit_is_a_dead_letter(
+    store: Store, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    await fetch(store, TYPED)
+    path = tmp_path / "events.csv"
+    write_csv(path, [
+        (1, "ada", "12.50", "2026-01-02T03:04:05+00:00", "yes", "2026-01-02"),
+        (2, "bob", "", "", "", ""),
+        ("three", "carol", "1", "2026-01-02T03:04:05+00:00", "no", "2026-01-02"),
+    ], header=("id", "name", "amount", "at", "active", "day"))
+    built = Pipeline(CsvSource(path), id="events_ingest").build(DatabaseSink(store.database.url))
+    with in_run(store), caplog.at_level("INFO", logger="agora_pg.pipelines"):
+        report = await built.run()
+        await built.close()
+    assert (report.read, report.written, report.dead_letters) == (3, 2, 1)
+    assert "pipeline events_ingest: 3 records read, 2 written, 1 dead-lettered (1 batches)" in caplog.text
+    rows = await fetch(store, "SELECT * FROM public.events_ingest ORDER BY id")
+    assert [tuple(row) for row in rows][1] == (2, "bob", None, None, None, None)
+    assert str(rows[0]["amount"]) == "12.50" and rows[0]["active"] is True and rows[0]["at"].year == 2026
+    [letter] = await PipelineState(store).dead_letters("events_ingest", False, 10)
+    assert letter.record["id"] == "three" and "column 'id': expected integer, got 'three'" in letter.error_message
+
+
+async def test_a_run_that_dead_letters_everything_fails(store: Store, settings: object, tmp_path: Path) -> None:
+    from agora_pg.pipelines import NothingWritten
+
+    await fetch(store, TYPED)
+    path = tmp_path / "events.csv"
+    write_csv(path, [("x", "a"), ("y", "b"), ("z", "c")], header=("id", "name"))
+
+    async def factory() -> object:
+        return Pipeline(CsvSource(path), id="events_ingest").build(DatabaseSink(store.database.url))
+
+    with in_run(store), pytest.raises(NothingWritten, match="every record went to the dead letters \\(3 of 3"):
+        await (await factory()).run()  # type: ignore[attr-defined]
+    await fetch(store, "DELETE FROM agora.checkpoints")
+    scheduled = ScheduledPipeline(factory, Schedule.every(hours=1), "events_ingest", max_consecutive_errors=1)
+    with pytest.raises(NothingWritten):
+        await asyncio.wait_for(scheduled.serve(store, "w1", settings), 15)  # type: ignore[arg-type]
+    [run] = await fetch(store, "SELECT status, error_type, error_message FROM agora.runs WHERE pipeline_id = 'events_ingest'")
+    assert (run["status"], run["error_type"]) == ("failed", "NothingWritten")
+    assert "column 'id': expected integer" in run["error_message"]

@@ -14,8 +14,8 @@ from families.appointment_reminder import AppointmentReminder, register_appointm
 from families.appointment_reminder.ports import Appointment, Message
 from families.appointment_reminder.stages import AppointmentNotFound, ComposeReminder, DeliverToOutbox, LoadFromBook
 
-WHEN = datetime(2026, 12, 1, 8, 30, tzinfo=UTC)  # 09:30 in Berlin
-ADA = Appointment(1, "Ada", "ada@example.com", WHEN, "Marylebone Clinic")
+WHEN = datetime(2026, 12, 1, 9, 30, tzinfo=UTC)  # 09:30 in London (winter), 10:30 in Berlin
+ADA = Appointment(1, "Ada", "ada@example.com", WHEN, "Marylebone Clinic", "Europe/London")
 
 
 def job(kind: str, payload: dict[str, Any]) -> Job:
@@ -40,8 +40,12 @@ async def test_load_finds_the_appointment_or_says_which_is_missing() -> None:
 
 
 def test_compose_uses_the_clinic_time_zone() -> None:
-    message = ComposeReminder("{name} at {clinic}, {day} {time}").compose(ADA)
-    assert message == Message("ada@example.com", "Ada at Marylebone Clinic, Tuesday 01 December 09:30")
+    compose = ComposeReminder("{name} at {clinic}, {day} {time}")
+    assert compose.compose(ADA) == Message("ada@example.com", "Ada at Marylebone Clinic, Tuesday 01 December 09:30")
+    in_berlin = dataclasses.replace(ADA, clinic="Charité", timezone="Europe/Berlin")
+    assert compose.compose(in_berlin).text == "Ada at Charité, Tuesday 01 December 10:30"
+    summer = dataclasses.replace(ADA, starts_at=datetime(2026, 7, 1, 8, 30, tzinfo=UTC))
+    assert compose.compose(summer).text.endswith("Wednesday 01 July 09:30")  # British Summer Time
 
 
 async def test_deliver_appends_to_the_outbox() -> None:
