@@ -131,3 +131,13 @@ def test_error_backoff_with_a_small_base() -> None:
     assert [error_backoff(n, 30.0) for n in (1, 2, 3, 4, 5, 6)] == [30, 60, 120, 240, 480, 600]
     with pytest.raises(ValueError):
         error_backoff(0, 60.0)
+
+
+def test_once_runs_per_launch_unless_it_has_a_key() -> None:
+    assert Schedule.once().once_per_launch and Schedule.once().spec == "once"
+    keyed = Schedule.once(key="backfill-2024")
+    assert not keyed.once_per_launch and keyed.spec == "once key=backfill-2024"
+    assert keyed.next_run_after_success(T0, T0) == NextRun()
+    for bad in ("", "  ", "a\nb", "x" * 201, 7):
+        with pytest.raises(InvalidSchedule, match="Schedule.once\\(key="):
+            Schedule.once(key=bad)  # type: ignore[arg-type]

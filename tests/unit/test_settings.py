@@ -68,3 +68,22 @@ def test_parse_queues_strips_and_rejects_empty() -> None:
     assert parse_queues("a,b , c", key="k") == ("a", "b", "c")
     with pytest.raises(ConfigError):
         parse_queues("", key="--queues")
+
+
+def test_unknown_variables_name_the_closest_known_one() -> None:
+    from agora_pg.settings import unknown_variables
+
+    env = {"WORKER_CONCURENCY": "50", "AGORA_PG_DATABSE_URL": "x", "AGORA_PG_XYZZY": "1", "WORKER_QUEUES": "a",
+           "PATH": "/bin", "DATABASE_URL": "postgresql://x/y"}
+    assert unknown_variables(env) == [
+        "unknown setting AGORA_PG_DATABSE_URL (ignored); did you mean AGORA_PG_DATABASE_URL?",
+        "unknown setting AGORA_PG_XYZZY (ignored)",
+        "unknown setting WORKER_CONCURENCY (ignored); did you mean WORKER_CONCURRENCY?",
+    ]
+
+
+def test_health_port_from_the_environment() -> None:
+    assert load_settings({}).health_port is None
+    assert load_settings({"WORKER_HEALTH_PORT": "0"}).health_port == 0
+    with pytest.raises(ConfigError, match="WORKER_HEALTH_PORT: must be a port number"):
+        load_settings({"WORKER_HEALTH_PORT": "70000"})
