@@ -167,21 +167,21 @@ class DatabaseSink(Sink):
         self._connection: asyncpg.Connection | None = None  # the sink's own (from a URL)
         self._column_types: dict[str, str] | None = None  # the table's columns -> udt_name, in order
         self._typer: Callable[[Record], Record] | None = None
-        self._on_agora_database: bool | None = None  # for a given connection or pool, once known
+        self._on_agora_database: bool | None = None  # is it agora-pg's own database? (prepare)
 
     @property
     def name(self) -> str:
         return f"database:{self.schema}.{self.table or '(pipeline id)'}"
 
     def commits_state_for(self, database: Database) -> bool:
-        if self.database is not None:
-            return self.database.asyncpg_url == database.asyncpg_url
-        return bool(self._on_agora_database)
+        if self._on_agora_database is not None:  # asked of the servers by prepare()
+            return self._on_agora_database
+        return self.database is not None and self.database.asyncpg_url == database.asyncpg_url
 
     async def prepare(self, pipeline_id: str, store: Store) -> None:
         if self.table is None:
             self.schema, self.table = _split_table(pipeline_id)
-        if self._given is not None and self._on_agora_database is None:
+        if self._on_agora_database is None:  # (two URLs may name one database: ask the servers)
             async with self._connected() as connection:
                 mine = tuple(await connection.fetchrow(queries.DATABASE_IDENTITY))
             self._on_agora_database = mine == await store.database_identity()
