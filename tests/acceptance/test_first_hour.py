@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
@@ -90,7 +91,7 @@ def test_alembic_upgrade_head_logs_what_it_applied_and_says_one_line_for_a_wrong
     assert applied.returncode == 0, applied.stderr
     assert "Running upgrade  -> 0001" in applied.stderr and "is at revision 0004" in applied.stderr
     for url, words in (("postgresql://postgres@127.0.0.1:1/nowhere", "alembic: cannot connect to"),
-                       (fresh_db.rsplit("/", 1)[0] + "/no_such_database", "does not exist"),
+                       (urlunsplit(urlsplit(fresh_db)._replace(path="/no_such_database")), "does not exist"),
                        ("mysql://somewhere/db", "alembic: DATABASE_URL: expected a postgresql:// URL")):
         failed = run(alembic, bare_env(AGORA_PG_DATABASE_URL=url))
         assert failed.returncode != 0
