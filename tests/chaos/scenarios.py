@@ -1,0 +1,504 @@
+"""The chaos scenarios. Each takes a ``Setup`` (a migrated database of its own, a work
+directory, a way to register processes for clean-up) and a ``Size``, inflicts its fault
+on real worker processes and a real PostgreSQL, and returns a ``Result`` whose
+``violations()`` are the pass thresholds."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import random
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import asyncpg
+import httpx
+
+from agora_pg.db import migrate
+from agora_pg.db.connect import Database
+from agora_pg.db.store import Store
+from agora_pg.job_spec import JobSpec
+from tests.faults import PgProxy, PrivateServer, free_port
+
+from .harness import (
+    REPO,
+    Fleet,
+    Result,
+    Size,
+    chaos_env,
+    measure_flow,
+    read_ledger,
+    rerun_delays,
+    tally,
+    wait_drained,
+    wait_workers,
+    wake_up_latency,
+)
+
+LEASE_SECONDS = 2.0  # chaos_env's WORKER_LEASE_SECONDS
+
+
+@dataclasses.dataclass
+class Setup:
+    """What a scenario runs on: ``database_url`` (migrated, its own), ``workdir`` (empty,
+    its own), ``track`` (registers a process to kill at clean-up)."""
+
+    database_url: str
+    workdir: Path
+    track: Callable[[subprocess.Popen[bytes]], None]
+    seed: int = 7
+
+    def fleet(self, database_url: str | None = None, **env: str) -> tuple[Fleet, Path]:
+        ledger = self.workdir / "ledger"
+        ledger.mkdir(exist_ok=True)
+        logs = self.workdir / "logs"
+        logs.mkdir(exist_ok=True)
+        return Fleet(chaos_env(database_url or self.database_url, ledger, **env), logs, self.track), ledger
+
+
+async def crash_recovery(setup: Setup, size: Size) -> Result:
+    """3 workers draining a steady flow; one is killed with SIGKILL and replaced a second later."""
+    fleet, ledger = setup.fleet()
+    fleet.start(3)
+    await wait_workers(setup.database_url, 3)
+    rng = random.Random(setup.seed)
+
+    async def fault() -> dict[str, Any]:
+        fleet.kill_random(rng)
+        await asyncio.sleep(1.0)
+        fleet.start(1)
+        return {}
+
+    slow = dataclasses.replace(size, job_seconds=0.2)  # jobs long enough for a kill to cut some short
+    result = await measure_flow("crash_recovery", slow, setup.database_url, fleet, ledger, fault)
+    _note_reruns(result, ledger, fleet)
+    return result
+
+
+async def repeated_kills(setup: Setup, size: Size) -> Result:
+    """4 workers draining; every 2 s one of them, at random, is killed and a new one started."""
+    fleet, ledger = setup.fleet()
+    fleet.start(4)
+    await wait_workers(setup.database_url, 4)
+    rng = random.Random(setup.seed)
+
+    async def fault() -> dict[str, Any]:
+        kills = 0
+        deadline = time.monotonic() + size.fault
+        while time.monotonic() < deadline:
+            fleet.kill_random(rng)
+            fleet.start(1)
+            kills += 1
+            await asyncio.sleep(2.0)
+        return {"kills": kills}
+
+    slow = dataclasses.replace(size, job_seconds=0.2)
+    result = await measure_flow("repeated_kills", slow, setup.database_url, fleet, ledger, fault)
+    _note_reruns(result, ledger, fleet)
+    return result
+
+
+def _note_reruns(result: Result, ledger: Path, fleet: Fleet) -> None:
+    delays = rerun_delays(read_ledger(ledger), fleet.killed)
+    if delays:
+        result.notes["killed_jobs_rerun_after_s"] = f"max {max(delays):.1f}"
+
+
+@contextlib.asynccontextmanager
+async def private_database(setup: Setup, **server_settings: str) -> AsyncIterator[tuple[PrivateServer, str]]:
+    """A server of the scenario's own (the embedded one, in its work directory), with
+    ``server_settings`` (``ALTER SYSTEM``, then a restart), and a migrated database on it."""
+    (setup.workdir / "server").mkdir()
+    server = PrivateServer(setup.workdir / "server")
+    try:
+        admin = await asyncpg.connect(server.url())
+        try:
+            await admin.execute("CREATE DATABASE chaos")
+            for name, value in server_settings.items():
+                await admin.execute(f"ALTER SYSTEM SET {name} = '{value}'")
+        finally:
+            await admin.close()
+        if server_settings:
+            await asyncio.to_thread(server.stop, "fast")
+            await asyncio.to_thread(server.start)
+        url = server.url("chaos")
+        store = Store.open(Database(url), pool_size=1)
+        try:
+            await migrate.upgrade(store)
+        finally:
+            await store.close()
+        yield server, url
+    finally:
+        server.cleanup()
+
+
+async def postgres_restart(setup: Setup, size: Size, mode: str, down_seconds: float) -> Result:
+    """Workers and the API on a server of the scenario's own, which is stopped (``mode``:
+    fast or immediate) and started again after ``down_seconds``; nothing else is restarted.
+    ``/ready`` must answer 503 during the outage and 200 after it."""
+    async with private_database(setup) as (server, url):
+        fleet, ledger = setup.fleet(url)
+        fleet.start(2)
+        await wait_workers(url, 2)
+        api_port = free_port()
+        api = subprocess.Popen([sys.executable, "-m", "agora_pg.cli", "api", "--port", str(api_port)],
+                               env=fleet.env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)
+        setup.track(api)
+        base = f"http://127.0.0.1:{api_port}"
+        await _until(lambda: _ready_status(base), lambda status: status == 200, 30)
+
+        async def fault() -> dict[str, Any]:
+            await asyncio.to_thread(server.stop, mode)
+            await asyncio.sleep(0.5)
+            during = await _ready_status(base)
+            await asyncio.sleep(max(0.0, down_seconds - 0.5))
+            await asyncio.to_thread(server.start)
+            return {"ready_during_outage": during}
+
+        async def after() -> dict[str, Any]:
+            status = await _until(lambda: _ready_status(base), lambda status: status == 200, 30)
+            return {"ready_after": status}
+
+        name = f"postgres_restart_{mode}" + ("_held" if down_seconds > LEASE_SECONDS else "")
+        result = await measure_flow(name, size, url, fleet, ledger, fault, after_drain=after)
+        api.terminate()
+        api.wait(30)
+        result.notes["api_exit"] = api.returncode
+        if result.notes["ready_during_outage"] != 503 or result.notes["ready_after"] != 200:
+            result.extra_violations.append(f"/ready answered {result.notes['ready_during_outage']} during the "
+                                           f"outage and {result.notes['ready_after']} after it (503, then 200)")
+        if api.returncode != 0:
+            result.extra_violations.append(f"the API exited {api.returncode} at SIGTERM")
+        return result
+
+
+async def pool_exhaustion(setup: Setup, size: Size) -> Result:
+    """Other clients take all but 5 of the server's connections (``max_connections`` 40)
+    while jobs flow: workers degrade (refused connections are retried) and recover."""
+    async with private_database(setup, max_connections="40") as (_server, url):
+        fleet, ledger = setup.fleet(url)
+        fleet.start(2)
+        await wait_workers(url, 2)
+
+        async def fault() -> dict[str, Any]:
+            admin = await asyncpg.connect(url)
+            try:
+                in_use = await admin.fetchval("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'")
+            finally:
+                await admin.close()
+            hogs = []
+            for _ in range(max(0, 40 - 5 - in_use)):
+                try:
+                    hogs.append(await asyncpg.connect(url, timeout=5))
+                except (asyncpg.PostgresError, OSError):
+                    break
+            await asyncio.sleep(size.fault)
+            for hog in hogs:
+                await hog.close()
+            return {"connections_held": len(hogs)}
+
+        return await measure_flow("pool_exhaustion", size, url, fleet, ledger, fault)
+
+
+async def idle_in_tx(setup: Setup, size: Size) -> Result:
+    """A session holds back vacuum (``BEGIN; SELECT txid_current();`` then idle) while jobs
+    flow: throughput and the dead tuples of agora.jobs and agora.runs before, at the end of
+    the hold, and after it (autovacuum every second on the scenario's own server)."""
+    async with private_database(setup, autovacuum_naptime="1") as (_server, url):
+        fleet, ledger = setup.fleet(url)
+        fleet.start(2)
+        await wait_workers(url, 2)
+        before = await _dead_tuples(url)
+
+        async def fault() -> dict[str, Any]:
+            holder = await asyncpg.connect(url)
+            try:
+                await holder.execute("BEGIN; SELECT txid_current();")
+                await asyncio.sleep(size.fault)
+                during = await _dead_tuples(url)
+                await holder.execute("ROLLBACK")
+            finally:
+                await holder.close()
+            return {"dead_tuples_before": before, "dead_tuples_held": during}
+
+        async def after() -> dict[str, Any]:
+            await asyncio.sleep(3)  # an autovacuum round or two
+            return {"dead_tuples_after": await _dead_tuples(url)}
+
+        return await measure_flow("idle_in_tx", size, url, fleet, ledger, fault, after_drain=after)
+
+
+async def _dead_tuples(url: str) -> str:
+    connection = await asyncpg.connect(url)
+    try:
+        rows = await connection.fetch("SELECT relname, n_dead_tup FROM pg_stat_user_tables "
+                                      "WHERE schemaname = 'agora' AND relname IN ('jobs', 'runs') ORDER BY relname")
+    finally:
+        await connection.close()
+    return "/".join(f"{row['relname']} {row['n_dead_tup']}" for row in rows)
+
+
+async def active_readers(setup: Setup, size: Size) -> Result:
+    """4 long REPEATABLE READ transactions scanning agora.runs again and again during the flow."""
+    fleet, ledger = setup.fleet()
+    fleet.start(2)
+    await wait_workers(setup.database_url, 2)
+
+    async def fault() -> dict[str, Any]:
+        scans = 0
+        deadline = time.monotonic() + size.fault
+
+        async def reader() -> None:
+            nonlocal scans
+            connection = await asyncpg.connect(setup.database_url)
+            try:
+                async with connection.transaction(isolation="repeatable_read", readonly=True):
+                    while time.monotonic() < deadline:
+                        await connection.fetchval("SELECT count(*) FROM agora.runs WHERE finished_at IS NOT NULL")
+                        scans += 1
+            finally:
+                await connection.close()
+
+        await asyncio.gather(*(reader() for _ in range(4)))
+        return {"scans": scans}
+
+    return await measure_flow("active_readers", size, setup.database_url, fleet, ledger, fault)
+
+
+async def server_errors(setup: Setup, size: Size) -> Result:
+    """Errors the server reports that are not a lost connection: every running statement
+    of the workers cancelled (``pg_cancel_backend``) every 0.3 s, and agora.jobs locked
+    (ACCESS EXCLUSIVE) for 2 s of it. Workers stay up and lose nothing."""
+    fleet, ledger = setup.fleet()
+    fleet.start(2)
+    await wait_workers(setup.database_url, 2)
+
+    async def fault() -> dict[str, Any]:
+        cancelled = 0
+        admin = await asyncpg.connect(setup.database_url)
+        locker = await asyncpg.connect(setup.database_url)
+        try:
+            deadline = time.monotonic() + size.fault
+            lock_at = time.monotonic() + size.fault / 3
+            locked = False
+            while time.monotonic() < deadline:
+                cancelled += await admin.fetchval(
+                    "SELECT count(*) FILTER (WHERE pg_cancel_backend(pid)) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid NOT IN (pg_backend_pid(), $1) AND state = 'active' "
+                    "AND query NOT ILIKE '%LISTEN%'", locker.get_server_pid())
+                if not locked and time.monotonic() >= lock_at:
+                    locked = True
+                    await locker.execute("BEGIN; LOCK TABLE agora.jobs IN ACCESS EXCLUSIVE MODE")
+                    asyncio.get_running_loop().call_later(2.0, lambda: asyncio.ensure_future(locker.execute("COMMIT")))
+                await asyncio.sleep(0.3)
+        finally:
+            await admin.close()
+            await locker.close()
+        return {"statements_cancelled": cancelled}
+
+    return await measure_flow("server_errors", size, setup.database_url, fleet, ledger, fault)
+
+
+async def lost_reply(setup: Setup, size: Size) -> Result:
+    """One of 2 workers reaches the server through a TCP proxy that, three times, lets a
+    claim commit and drops its reply (and the connection): the claimed jobs run once,
+    soon, without being charged an attempt."""
+    host, port, dbname = _server_of(setup.database_url)
+    proxy = PgProxy(host, port).start()
+    try:
+        fleet, ledger = setup.fleet()
+        fleet.start(1)
+        fleet.env = {**fleet.env, "AGORA_PG_DATABASE_URL": proxy.url(dbname)}
+        fleet.start(1)
+        await wait_workers(setup.database_url, 2)
+
+        async def fault() -> dict[str, Any]:
+            for _ in range(3):
+                proxy.lose_reply_to(b"SET status = 'processing'")
+                await asyncio.sleep(size.fault / 3)
+            return {"replies_lost": proxy.replies_lost}
+
+        result = await measure_flow("lost_reply", size, setup.database_url, fleet, ledger, fault)
+    finally:
+        proxy.release()
+        await asyncio.to_thread(proxy.close)  # (it runs its own loop to a close: not on this one)
+    connection = await asyncpg.connect(setup.database_url)
+    try:
+        charged = await connection.fetchval(
+            "SELECT count(*) FROM agora.jobs WHERE kind = 'work' AND (retry_count > 0 OR lost_count > 0)")
+    finally:
+        await connection.close()
+    result.notes["jobs_charged_an_attempt"] = charged
+    if result.notes["replies_lost"] == 0:
+        result.extra_violations.append("no reply was lost: the fault did not happen")
+    if charged:
+        result.extra_violations.append(f"{charged} jobs were charged an attempt")
+    return result
+
+
+def _server_of(url: str) -> tuple[str, int, str]:
+    """(host or socket directory, port, database) of a libpq-style URL."""
+    parts = urlsplit(url)
+    query = parse_qs(parts.query)
+    host = parts.hostname or query.get("host", ["127.0.0.1"])[0]
+    port = parts.port or int(query.get("port", ["5432"])[0])
+    return host, port, parts.path.lstrip("/")
+
+
+async def _ready_status(base: str) -> int:
+    try:
+        async with httpx.AsyncClient(timeout=3) as client:
+            return (await client.get(f"{base}/ready")).status_code
+    except httpx.HTTPError:
+        return 0
+
+
+async def _until(probe: Callable[[], Awaitable[Any]], done: Callable[[Any], bool], timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    value = await probe()
+    while not done(value) and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+        value = await probe()
+    return value
+
+
+async def pg_backend_kill(setup: Setup, size: Size) -> Result:
+    """Every agora-pg backend of the database (the workers' LISTEN connections included)
+    terminated every 0.5 s while jobs flow. Workers poll only every 5 s here, so a listener
+    that did not subscribe again would show in the wake-up latency after the fault."""
+    fleet, ledger = setup.fleet(WORKER_POLL_SECONDS="5")
+    fleet.start(2)
+    await wait_workers(setup.database_url, 2)
+    before = statistics.median([await wake_up_latency(setup.database_url, ledger) for _ in range(3)])
+
+    async def fault() -> dict[str, Any]:
+        killed = 0
+        deadline = time.monotonic() + size.fault
+        admin = await asyncpg.connect(setup.database_url)
+        try:
+            while time.monotonic() < deadline:
+                killed += await admin.fetchval(
+                    "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+                await asyncio.sleep(0.5)
+        finally:
+            await admin.close()
+        return {"backends_terminated": killed}
+
+    async def after() -> dict[str, Any]:
+        await asyncio.sleep(1.0)  # the listeners' reconnection pause
+        latencies = [await wake_up_latency(setup.database_url, ledger) for _ in range(3)]
+        return {"wake_up_ms_before": round(before * 1000), "wake_up_ms_after": round(statistics.median(latencies) * 1000)}
+
+    result = await measure_flow("pg_backend_kill", size, setup.database_url, fleet, ledger, fault, after_drain=after)
+    if result.notes["wake_up_ms_after"] > max(1000, 3 * result.notes["wake_up_ms_before"]):
+        result.extra_violations.append(f"wake-up after the fault {result.notes['wake_up_ms_after']} ms")
+    return result
+
+
+async def event_burst(setup: Setup, size: Size) -> Result:
+    """``size.burst`` jobs enqueued as fast as possible while 2 workers drain; then the
+    wake-up latency of a single job."""
+    fleet, ledger = setup.fleet()
+    fleet.start(2)
+    await wait_workers(setup.database_url, 2)
+    store = Store.open(Database(setup.database_url), pool_size=1)
+    acknowledged: list[int] = []
+    try:
+        started = time.time()
+        for offset in range(0, size.burst, 5000):
+            batch = [JobSpec("work", {"seconds": 0}) for _ in range(min(5000, size.burst - offset))]
+            acknowledged += [job.id for job, _ in await store.enqueue(batch)]
+        enqueue_seconds = time.time() - started
+    finally:
+        await store.close()
+    drained = await wait_drained(setup.database_url, 300)
+    drain_seconds = time.time() - started
+    fleet.sample_rss()
+    latency = await wake_up_latency(setup.database_url, ledger)
+    codes = fleet.stop()
+    executions = read_ledger(ledger)
+    result = Result("event_burst", size.name, await tally(setup.database_url, executions, fleet.killed, acknowledged),
+                    shape=False, peak_rss_mb=round(fleet.peak_rss / 2**20, 1))
+    result.after = round(len(executions) / max(drain_seconds, 0.001), 1)
+    result.notes.update(enqueue_s=round(enqueue_seconds, 2), drain_s=round(drain_seconds, 1), drained=drained,
+                        wake_up_ms_after=round(latency * 1000), stop_codes=codes)
+    return result
+
+
+async def bad_handlers(setup: Setup, size: Size) -> Result:
+    """Among a steady flow, jobs whose handlers hang past their timeout, kill their own
+    process, or raise an error with text PostgreSQL cannot hold. Workers that die are
+    replaced, as a process supervisor would. Each bad job must end ``failed`` with its
+    reason recorded; the flow goes on."""
+    fleet, ledger = setup.fleet()
+    fleet.start(3)
+    await wait_workers(setup.database_url, 3)
+    bad: dict[str, list[int]] = {}
+
+    async def fault() -> dict[str, Any]:
+        store = Store.open(Database(setup.database_url), pool_size=1)
+        try:
+            for kind, retries in (("hang", 1), ("exit", 3), ("poison", 0)):
+                jobs = await store.enqueue([JobSpec(kind, {}, max_retries=retries) for _ in range(2)])
+                bad[kind] = [job.id for job, _ in jobs]
+        finally:
+            await store.close()
+        replaced = 0
+        deadline = time.monotonic() + size.fault
+        while time.monotonic() < deadline:
+            replaced += fleet.replace_dead()
+            await asyncio.sleep(0.2)
+        return {"workers_replaced": replaced}
+
+    async def after() -> dict[str, Any]:
+        for _ in range(50):  # the last deaths' replacements
+            fleet.replace_dead()
+            if await wait_drained(setup.database_url, 0.3):
+                break
+        connection = await asyncpg.connect(setup.database_url)
+        try:
+            rows = await connection.fetch("SELECT id, kind, status, error_message, lost_count FROM agora.jobs "
+                                          "WHERE kind <> 'work' ORDER BY id")
+        finally:
+            await connection.close()
+        outcomes = {f"{row['kind']}": f"{row['status']}" for row in rows}
+        return {"bad_jobs": outcomes, "_bad_rows": [dict(row) for row in rows]}
+
+    result = await measure_flow("bad_handlers", size, setup.database_url, fleet, ledger, fault, after_drain=after)
+    rows = result.notes.pop("_bad_rows")
+    for row in rows:
+        if row["status"] != "failed" or not row["error_message"]:
+            result.extra_violations.append(f"{row['kind']} job {row['id']} ended {row['status']}")
+        elif row["kind"] == "hang" and "JobTimeout" not in row["error_message"]:
+            result.extra_violations.append(f"hang job {row['id']}: {row['error_message'][:80]}")
+        elif row["kind"] == "exit" and row["lost_count"] < 3:
+            result.extra_violations.append(f"exit job {row['id']}: lost_count {row['lost_count']}")
+        elif row["kind"] == "poison" and "ValueError: bad" not in row["error_message"]:
+            result.extra_violations.append(f"poison job {row['id']}: {row['error_message'][:80]}")
+    return result
+
+
+SCENARIOS: dict[str, Callable[[Setup, Size], Awaitable[Result]]] = {
+    "crash_recovery": crash_recovery,
+    "repeated_kills": repeated_kills,
+    "postgres_restart_fast": lambda setup, size: postgres_restart(setup, size, "fast", 1.0),
+    "postgres_restart_immediate": lambda setup, size: postgres_restart(setup, size, "immediate", 1.0),
+    "postgres_restart_held": lambda setup, size: postgres_restart(setup, size, "fast", LEASE_SECONDS + 3.0),
+    "pg_backend_kill": pg_backend_kill,
+    "pool_exhaustion": pool_exhaustion,
+    "idle_in_tx": idle_in_tx,
+    "event_burst": event_burst,
+    "active_readers": active_readers,
+    "lost_reply": lost_reply,
+    "bad_handlers": bad_handlers,
+    "server_errors": server_errors,
+}

@@ -1,0 +1,26 @@
+"""The chaos scenarios at their short size, each judged by thresholds written before it
+runs (``Result.violations``): 0 lost, 0 stuck, duplicates only where explained, recovery
+to 90 % of the baseline throughput within 10 s of the fault ending, plus each scenario's
+own checks. ``python -m tests.chaos.report`` runs them at full size."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ..conftest import Processes
+from .harness import SHORT, table
+from .scenarios import SCENARIOS, Setup
+
+pytestmark = pytest.mark.chaos
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+async def test_scenario(name: str, database_url: str, tmp_path: Path, processes: Processes) -> None:
+    setup = Setup(database_url, tmp_path, processes.started.append)
+    result = await SCENARIOS[name](setup, SHORT)
+    print("\n" + table([result]))
+    logs = "\n".join(path.read_text(errors="replace")[-2000:] for path in (tmp_path / "logs").glob("*.log"))
+    assert result.tally.enqueued > 0
+    assert result.violations() == [], f"{table([result])}\n{logs}"
