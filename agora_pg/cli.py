@@ -188,7 +188,8 @@ async def run_worker(module: str | None, config: WorkerConfig | None, queues: st
         )
     elif queues is not None or concurrency is not None:
         raise ConfigError("--queues/--concurrency", f"{'the config' if config else module or 'worker'} registers no job Worker")
-    if health_port is not None:  # over the module's, as WORKER_HEALTH_PORT would be (the pool reads it)
+    if health_port is not None:  # over the module's, and over WORKER_HEALTH_PORT (which the pool reads too)
+        pool.health_port = health_port
         os.environ["WORKER_HEALTH_PORT"] = str(health_port)
     tune_garbage_collector()
     await pool.run()

@@ -71,8 +71,10 @@ class Fleet:
     one for each that died, as a process supervisor would. Every process is registered
     with ``track`` so that the test's teardown kills whatever is left, by pid."""
 
-    def __init__(self, env: dict[str, str], log_dir: Path, track: Callable[[subprocess.Popen[bytes]], None]) -> None:
+    def __init__(self, env: dict[str, str], log_dir: Path, track: Callable[[subprocess.Popen[bytes]], None],
+                 module: str = WORKER_MODULE) -> None:
         self.env = env
+        self.module = module
         self.log_dir = log_dir
         self.track = track
         self.workers: list[subprocess.Popen[bytes]] = []
@@ -83,7 +85,7 @@ class Fleet:
         for _ in range(count):
             log = open(self.log_dir / f"worker-{len(self.workers)}.log", "wb")  # noqa: SIM115 - the child's
             process = subprocess.Popen(
-                [sys.executable, "-m", "agora_pg.cli", "worker", "--module", WORKER_MODULE],
+                [sys.executable, "-m", "agora_pg.cli", "worker", "--module", self.module],
                 env=self.env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )
             log.close()
@@ -427,7 +429,8 @@ def table(results: list[Result]) -> str:
         t = r.tally
         notes = "; ".join(f"{k}={v}" for k, v in r.notes.items() if k not in ("stop_codes",))
         recovery = "-" if not r.shape else ("never" if r.recovery is None else f"{r.recovery}")
-        rates = f"{r.before} / {r.during} / {r.after}" if r.shape else f"- / - / {r.after} (the burst's drain)"
+        rates = (f"{r.before} / {r.during} / {r.after}" if r.shape
+                 else f"- / - / {r.after} (the drain)" if r.after else "-")
         lines.append(
             f"| {r.scenario} | {r.size} | {t.enqueued} | {t.done} | {t.failed} | {t.lost} | {t.stuck} "
             f"| {t.duplicates} ({t.explained} / {t.unexplained}) | {rates} "

@@ -67,6 +67,8 @@ async def main() -> int:
     parser.add_argument("--only", nargs="+", choices=list(SCENARIOS), help="these scenarios only")
     parser.add_argument("--database-url")
     parser.add_argument("--output", type=Path, help="a Markdown file to write the table into")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the other scenarios' rows already in --output (a rerun of some of them)")
     args = parser.parse_args()
     settings = load_settings(os.environ)
     if args.database_url:
@@ -95,10 +97,26 @@ async def main() -> int:
     if args.output is not None:
         text = args.output.read_text(encoding="utf-8") if args.output.exists() else f"{BEGIN}\n{END}\n"
         before, _, rest = text.partition(BEGIN)
-        _, _, after = rest.partition(END)
+        previous, _, after = rest.partition(END)
+        if args.merge:
+            report = merged(previous, results, heading)
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(f"{before}{BEGIN}\n{report}{END}{after}", encoding="utf-8")
     return 1 if failing else 0
+
+
+def merged(previous: str, results: list[Result], heading: str) -> str:
+    """The previous report with these scenarios' rows replaced or added, and this run's
+    heading added below the previous one."""
+    lines = previous.strip().splitlines()
+    rows = [line for line in lines if line.startswith("| ") and not line.startswith("| scenario")]
+    headings = [line for line in lines if line and not line.startswith("|")]
+    new_rows = table(results).splitlines()[2:]
+    names = {r.scenario for r in results}
+    kept = [row for row in rows if row.split("|")[1].strip() not in names]
+    head = table([]).splitlines()
+    rerun = f"Then {', '.join(sorted(names))} again: " + heading
+    return "\n\n".join(["\n".join(headings + [rerun]), "\n".join(head + kept + new_rows)]) + "\n"
 
 
 if __name__ == "__main__":

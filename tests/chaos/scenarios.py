@@ -29,9 +29,11 @@ from tests.faults import PgProxy, PrivateServer, free_port
 
 from .harness import (
     REPO,
+    WORKER_MODULE,
     Fleet,
     Result,
     Size,
+    Tally,
     chaos_env,
     measure_flow,
     read_ledger,
@@ -55,12 +57,12 @@ class Setup:
     track: Callable[[subprocess.Popen[bytes]], None]
     seed: int = 7
 
-    def fleet(self, database_url: str | None = None, **env: str) -> tuple[Fleet, Path]:
+    def fleet(self, database_url: str | None = None, module: str = WORKER_MODULE, **env: str) -> tuple[Fleet, Path]:
         ledger = self.workdir / "ledger"
         ledger.mkdir(exist_ok=True)
         logs = self.workdir / "logs"
         logs.mkdir(exist_ok=True)
-        return Fleet(chaos_env(database_url or self.database_url, ledger, **env), logs, self.track), ledger
+        return Fleet(chaos_env(database_url or self.database_url, ledger, **env), logs, self.track, module), ledger
 
 
 async def crash_recovery(setup: Setup, size: Size) -> Result:
@@ -76,7 +78,7 @@ async def crash_recovery(setup: Setup, size: Size) -> Result:
         fleet.start(1)
         return {}
 
-    slow = dataclasses.replace(size, job_seconds=0.2)  # jobs long enough for a kill to cut some short
+    slow = dataclasses.replace(size, job_seconds=0.1)  # jobs long enough for a kill to cut some short
     result = await measure_flow("crash_recovery", slow, setup.database_url, fleet, ledger, fault)
     _note_reruns(result, ledger, fleet)
     return result
@@ -99,7 +101,7 @@ async def repeated_kills(setup: Setup, size: Size) -> Result:
             await asyncio.sleep(2.0)
         return {"kills": kills}
 
-    slow = dataclasses.replace(size, job_seconds=0.2)
+    slow = dataclasses.replace(size, job_seconds=0.1)
     result = await measure_flow("repeated_kills", slow, setup.database_url, fleet, ledger, fault)
     _note_reruns(result, ledger, fleet)
     return result
@@ -487,6 +489,102 @@ async def bad_handlers(setup: Setup, size: Size) -> Result:
     return result
 
 
+async def schedules_under_faults(setup: Setup, size: Size) -> Result:
+    """3 WorkerPool processes share five schedules (every 1 s, every 2 s, cron each minute,
+    continuous, once with a key) while a random one is killed and replaced every 3 s and
+    the server restarts once: no run executes twice, no two runs of a pipeline overlap,
+    the once schedule runs once, and the schedules keep their state."""
+    async with private_database(setup) as (server, url):
+        fleet, ledger = setup.fleet(url, module="tests.chaos.chaos_pool")
+        fleet.start(3)
+        rng = random.Random(setup.seed)
+        started = time.time()
+        await asyncio.sleep(size.baseline)
+        deadline = time.monotonic() + size.fault
+        kills = 0
+        restarted = False
+        while time.monotonic() < deadline:
+            fleet.sample_rss()
+            fleet.kill_random(rng)
+            fleet.start(1)
+            kills += 1
+            if not restarted and time.monotonic() > deadline - size.fault / 2:
+                restarted = True
+                await asyncio.to_thread(server.stop, "immediate")
+                await asyncio.sleep(1.0)
+                await asyncio.to_thread(server.start)
+            await asyncio.sleep(3.0)
+        await asyncio.sleep(size.recovery)
+        codes = fleet.stop()
+        ended = time.time()
+        connection = await asyncpg.connect(url)
+        try:
+            runs = await connection.fetch("SELECT pipeline_id, status, count(*) AS n FROM agora.runs "
+                                          "GROUP BY 1, 2 ORDER BY 1, 2")
+            schedules = await connection.fetch("SELECT pipeline_id, state, consecutive_errors FROM agora.schedules")
+            twice = await connection.fetchval("SELECT count(*) FROM (SELECT 1 FROM agora.runs WHERE status = "
+                                              "'succeeded' GROUP BY pipeline_id, scheduled_for HAVING count(*) > 1) t")
+            status_of = {str(row["id"]): row["status"] for row in await connection.fetch("SELECT id, status FROM agora.runs")}
+        finally:
+            await connection.close()
+    executions = _read_runs(ledger)
+    # (the counts here are of pipeline runs: started, and finished their work)
+    result = Result("schedules_under_faults", size.name, Tally(0, 0, 0, 0, 0, 0, 0, 0), shape=False)
+    result.tally = dataclasses.replace(result.tally, enqueued=len(executions),
+                                       done=sum(1 for e in executions if e["end"] is not None))
+    by_run: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for execution in executions:
+        by_run.setdefault((execution["pipeline"], execution["run"]), []).append(execution)
+    again = [key for key, runs_of in by_run.items() if len(runs_of) > 1]
+    overlaps = []
+    for pipeline_id in {e["pipeline"] for e in executions}:
+        spans = sorted((e["start"], e["end"] or fleet.killed.get(e["pid"], ended), e["pid"]) for e in executions
+                       if e["pipeline"] == pipeline_id)
+        overlaps += [(pipeline_id, a, b) for a, b in zip(spans, spans[1:]) if b[0] < a[1] - 0.001]
+    once_runs = sum(1 for e in executions if e["pipeline"] == "once_ever" and status_of.get(e["run"]) == "succeeded")
+    # a run that finished its work but is not recorded succeeded was cut short by a kill or a lost lease
+    unexplained = [e for e in executions if e["end"] is not None and status_of.get(e["run"]) != "succeeded"
+                   and e["pid"] not in fleet.killed and status_of.get(e["run"]) not in ("abandoned", "cancelled")]
+    per_pipeline = {p: sum(1 for e in executions if e["pipeline"] == p) for p in sorted({e["pipeline"] for e in executions})}
+    result.peak_rss_mb = round(fleet.peak_rss / 2**20, 1)
+    result.notes.update(counts="pipeline runs", kills=kills, server_restarts=int(restarted), runs_executed=per_pipeline,
+                        run_rows=",".join(f"{r['pipeline_id']}:{r['status']}={r['n']}" for r in runs),
+                        seconds=round(ended - started), stop_codes=codes)
+    states = {row["pipeline_id"]: row["state"] for row in schedules}
+    if again:
+        result.extra_violations.append(f"runs executed twice: {again[:5]}")
+    if overlaps:
+        result.extra_violations.append(f"overlapping runs: {overlaps[:3]}")
+    if twice:
+        result.extra_violations.append(f"{twice} ticks succeeded twice")
+    if once_runs != 1:
+        result.extra_violations.append(f"the once schedule succeeded {once_runs} times")
+    if unexplained:
+        result.extra_violations.append(f"runs that ended without a recorded success: {unexplained[:3]}")
+    if states.get("once_ever") != "completed" or any(states.get(p) != "active" for p in per_pipeline if p != "once_ever"):
+        result.extra_violations.append(f"schedule states after the chaos: {states}")
+    if any(per_pipeline.get(p, 0) < 2 for p in ("every_1s", "continuous")):
+        result.extra_violations.append(f"pipelines did not keep running: {per_pipeline}")
+    return result
+
+
+def _read_runs(ledger: Path) -> list[dict[str, Any]]:
+    """Each run's start with its end (None: cut short by a kill or stopped)."""
+    starts: dict[tuple[str, str, int], dict[str, Any]] = {}
+    for path in ledger.glob("*.runs"):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            parts = line.split()
+            if len(parts) != 5:
+                continue
+            pipeline_id, run_id, pid, event, at = parts[0], parts[1], int(parts[2]), parts[3], float(parts[4])
+            key = (pipeline_id, run_id, pid)
+            if event == "start":
+                starts[key] = {"pipeline": pipeline_id, "run": run_id, "pid": pid, "start": at, "end": None}
+            elif key in starts:
+                starts[key]["end"] = at
+    return list(starts.values())
+
+
 SCENARIOS: dict[str, Callable[[Setup, Size], Awaitable[Result]]] = {
     "crash_recovery": crash_recovery,
     "repeated_kills": repeated_kills,
@@ -501,4 +599,5 @@ SCENARIOS: dict[str, Callable[[Setup, Size], Awaitable[Result]]] = {
     "lost_reply": lost_reply,
     "bad_handlers": bad_handlers,
     "server_errors": server_errors,
+    "schedules_under_faults": schedules_under_faults,
 }
