@@ -115,7 +115,7 @@ def merged(previous: str, results: list[Result], heading: str) -> str:
     names = {r.scenario for r in results}
     kept = [row for row in rows if row.split("|")[1].strip() not in names]
     head = table([]).splitlines()
-    rerun = f"Then {', '.join(sorted(names))} again: " + heading
+    rerun = f"Then {', '.join(sorted(names))} again. " + heading
     return "\n\n".join(["\n".join(headings + [rerun]), "\n".join(head + kept + new_rows)]) + "\n"
 
 

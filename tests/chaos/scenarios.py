@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import dataclasses
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -277,8 +278,9 @@ async def active_readers(setup: Setup, size: Size) -> Result:
 
 async def server_errors(setup: Setup, size: Size) -> Result:
     """Errors the server reports that are not a lost connection: every running statement
-    of the workers cancelled (``pg_cancel_backend``) every 0.3 s, and agora.jobs locked
-    (ACCESS EXCLUSIVE) for 2 s of it. Workers stay up and lose nothing."""
+    of the workers cancelled (``pg_cancel_backend``) every 0.3 s, agora.jobs locked
+    (ACCESS EXCLUSIVE) for 2 s of it, and ``idle_session_timeout`` of 500 ms on the
+    database. Workers stay up and lose nothing."""
     fleet, ledger = setup.fleet()
     fleet.start(2)
     await wait_workers(setup.database_url, 2)
@@ -287,6 +289,12 @@ async def server_errors(setup: Setup, size: Size) -> Result:
         cancelled = 0
         admin = await asyncpg.connect(setup.database_url)
         locker = await asyncpg.connect(setup.database_url)
+        # connections idle for 500 ms are closed by the server (the workers' pooled ones
+        # get the setting as they reconnect after the termination below)
+        await admin.execute("DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET idle_session_timeout = 500', "
+                            "current_database()); END $$")
+        await admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "
+                            "current_database() AND pid NOT IN (pg_backend_pid(), $1)", locker.get_server_pid())
         try:
             deadline = time.monotonic() + size.fault
             lock_at = time.monotonic() + size.fault / 3
@@ -302,6 +310,8 @@ async def server_errors(setup: Setup, size: Size) -> Result:
                     asyncio.get_running_loop().call_later(2.0, lambda: asyncio.ensure_future(locker.execute("COMMIT")))
                 await asyncio.sleep(0.3)
         finally:
+            await admin.execute("DO $$ BEGIN EXECUTE format('ALTER DATABASE %I RESET idle_session_timeout', "
+                                "current_database()); END $$")
             await admin.close()
             await locker.close()
         return {"statements_cancelled": cancelled}
@@ -343,6 +353,50 @@ async def lost_reply(setup: Setup, size: Size) -> Result:
         result.extra_violations.append("no reply was lost: the fault did not happen")
     if charged:
         result.extra_violations.append(f"{charged} jobs were charged an attempt")
+    return result
+
+
+async def network_stall(setup: Setup, size: Size) -> Result:
+    """One of 2 workers reaches the server through a TCP proxy that holds all traffic
+    (nothing refused, nothing answered) for the whole fault; a second into the stall the
+    worker gets SIGTERM and must exit within its bound (grace period, then every database
+    step's deadline) although the database never answers it; a replacement starts."""
+    host, port, dbname = _server_of(setup.database_url)
+    proxy = PgProxy(host, port).start()
+    bound = 3.0 + 2 * 5.0 + LEASE_SECONDS + 2.0  # WORKER_SHUTDOWN_TIMEOUT, 2 x AGORA_PG_DATABASE_TIMEOUT, lease
+    try:
+        fleet, ledger = setup.fleet(WORKER_SHUTDOWN_TIMEOUT="3")
+        fleet.start(1)
+        direct_env = fleet.env
+        fleet.env = {**fleet.env, "AGORA_PG_DATABASE_URL": proxy.url(dbname)}
+        fleet.start(1)
+        stalled = fleet.workers[-1]
+        fleet.env = direct_env
+        await wait_workers(setup.database_url, 2)
+
+        async def fault() -> dict[str, Any]:
+            proxy.hold()
+            await asyncio.sleep(1.0)
+            stalled.send_signal(signal.SIGTERM)
+            sent = time.monotonic()
+            fleet.start(1)  # its replacement, straight to the server
+            exit_seconds = None
+            while time.monotonic() - sent < max(size.fault, bound + 1):
+                if stalled.poll() is not None:
+                    exit_seconds = round(time.monotonic() - sent, 1)
+                    break
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(max(0.0, size.fault - (time.monotonic() - sent) - 1.0))
+            proxy.release()
+            return {"stalled_worker_exit_s": exit_seconds, "stalled_worker_code": stalled.poll()}
+
+        result = await measure_flow("network_stall", size, setup.database_url, fleet, ledger, fault)
+    finally:
+        proxy.release()
+        await asyncio.to_thread(proxy.close)
+    seconds = result.notes["stalled_worker_exit_s"]
+    if seconds is None or seconds > bound:
+        result.extra_violations.append(f"the stalled worker exited after {seconds} s (bound {bound} s)")
     return result
 
 
@@ -599,5 +653,6 @@ SCENARIOS: dict[str, Callable[[Setup, Size], Awaitable[Result]]] = {
     "lost_reply": lost_reply,
     "bad_handlers": bad_handlers,
     "server_errors": server_errors,
+    "network_stall": network_stall,
     "schedules_under_faults": schedules_under_faults,
 }
