@@ -155,9 +155,9 @@ class BuiltPipeline:
             return rejected + await self._write(kept + from_sinks, state, run, None, step_letters)
 
     async def _prepare_sinks(self, run: PipelineRun) -> None:
-        for sink in (*self.sinks, self.dead_letter_sink):
-            if sink is not None:
-                await sink.prepare(self.id, run.store)
+        # (not the dead-letter sink: the pipeline's id is no default table for its letters)
+        for sink in self.sinks:
+            await sink.prepare(self.id, run.store)
 
     async def _run(self, run: PipelineRun) -> RunReport:
         pipeline, state = self.pipeline, PipelineState(run.store)
