@@ -58,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--config", help="an agora/v1 TOML file: a worker built from config alone")
     worker.add_argument("--queues", help="comma-separated queues (overrides WORKER_QUEUES)")
     worker.add_argument("--concurrency", type=int, help="jobs run at once (overrides WORKER_CONCURRENCY)")
-    worker.add_argument("--health-port", type=int, help="serve /health and /ready on this port (0: any free port)")
+    worker.add_argument("--health-port", type=int, help="serve /health, /ready and /metrics on this port (0: any free port)")
+    worker.add_argument("--health-host", help="the health server's address (overrides WORKER_HEALTH_HOST) [127.0.0.1]")
 
     api = commands.add_parser("api", parents=[common], help="serve the REST API with uvicorn")
     api.add_argument("--host", default="127.0.0.1", help="address to bind [127.0.0.1]")
@@ -169,7 +170,7 @@ async def run_migrate(*, implicit: bool = False) -> None:
 
 
 async def run_worker(module: str | None, config: WorkerConfig | None, queues: str | None, concurrency: int | None,
-                     health_port: int | None) -> None:
+                     health_port: int | None, health_host: str | None = None) -> None:
     if module is not None and config is not None:
         raise ConfigError("--config", "give --module or --config, not both")
     loaded = build_worker_pool(config) if config is not None else load_worker(module or "worker", Path.cwd())
@@ -191,6 +192,8 @@ async def run_worker(module: str | None, config: WorkerConfig | None, queues: st
     if health_port is not None:  # over the module's, and over WORKER_HEALTH_PORT (which the pool reads too)
         pool.health_port = health_port
         os.environ["WORKER_HEALTH_PORT"] = str(health_port)
+    if health_host is not None:  # (the pool reads WORKER_HEALTH_HOST at run)
+        os.environ["WORKER_HEALTH_HOST"] = health_host
     tune_garbage_collector()
     await pool.run()
 
@@ -242,7 +245,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "migrate":
             asyncio.run(run_migrate())
         elif args.command == "worker":
-            run_event_loop(run_worker(args.module, config, args.queues, args.concurrency, args.health_port))
+            run_event_loop(run_worker(args.module, config, args.queues, args.concurrency, args.health_port,
+                                        args.health_host))
         elif args.command == "run":
             assert config is not None  # --config is required
             asyncio.run(pipeline_commands.run_once(config, args.pipeline))

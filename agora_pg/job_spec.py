@@ -4,14 +4,39 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from datetime import datetime
+import re
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from agora_pg.errors import InvalidJob
 
 INT32_MAX = 2**31 - 1
 MAX_TEXT = 1000  # kind, name, queue and dedup_key are identifiers, not documents
+MAX_QUEUE = 100  # queue names are metric labels too
+# Times the database and every client can hold (PostgreSQL would turn year 1 into
+# -infinity; years past 9999 overflow Python's datetime).
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(9000, 1, 1, tzinfo=UTC)
+# A \u0000 escape in JSON text: the backslash before "u" is not itself escaped (an odd
+# number of backslashes), so the text ``\\u0000`` (a backslash, then "u0000") is not one.
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def time_problem(value: datetime) -> str | None:
+    """Why an aware datetime is out of the range agora-pg accepts, or None."""
+    try:
+        utc = value.astimezone(UTC)
+    except OverflowError:
+        utc = None
+    if utc is None or not EARLIEST <= utc < LATEST:
+        return f"must be between {EARLIEST:%Y-%m-%d} and {LATEST:%Y-%m-%d} (UTC), got {value.isoformat()}"
+    return None
+
+
+def holds_nul(json_text: str) -> bool:
+    """True when JSON text holds the NUL character (which PostgreSQL's jsonb refuses)."""
+    return "\\u0000" in json_text and _NUL_ESCAPE.search(json_text) is not None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,7 +59,7 @@ class JobSpec:
         _known_identifier("kind", self.kind)
         if self.name is not None:
             _identifier("name", self.name, allow_spaces=True)
-        _known_identifier("queue", self.queue)
+        _known_identifier("queue", self.queue, MAX_QUEUE)
         if self.dedup_key is not None:
             _identifier("dedup_key", self.dedup_key, allow_spaces=True)
         if not isinstance(self.payload, dict):
@@ -49,13 +74,16 @@ class JobSpec:
                 raise InvalidJob("run_at", f"expected a datetime, got {type(self.run_at).__name__}")
             if self.run_at.tzinfo is None or self.run_at.utcoffset() is None:
                 raise InvalidJob("run_at", "expected a timezone-aware datetime, got a naive one")
+            problem = time_problem(self.run_at)
+            if problem is not None:
+                raise InvalidJob("run_at", problem)
 
     def payload_json(self) -> str:
         try:
             text = json.dumps(self.payload, allow_nan=False, separators=(",", ":"))
         except (TypeError, ValueError) as error:
             raise InvalidJob("payload", f"not JSON-serialisable: {error}") from None
-        if "\\u0000" in text:
+        if holds_nul(text):
             raise InvalidJob("payload", "PostgreSQL cannot store the NUL character (\\u0000) in JSON")
         return text
 
@@ -99,7 +127,7 @@ def batch_document(specs: Sequence[JobSpec], default_max_retries: int | None = N
         text = json.dumps(rows, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError):
         text = None
-    if text is None or "\\u0000" in text:
+    if text is None or holds_nul(text):
         for spec in specs:
             spec.payload_json()  # raises InvalidJob for the first bad payload
     if text is None:  # pragma: no cover - every failure above is a payload's
@@ -113,22 +141,22 @@ _KNOWN_IDENTIFIERS: set[str] = set()
 _KNOWN_IDENTIFIERS_MAX = 4096
 
 
-def _known_identifier(field: str, value: object) -> None:
-    if type(value) is str and value in _KNOWN_IDENTIFIERS:
+def _known_identifier(field: str, value: object, max_length: int = MAX_TEXT) -> None:
+    if type(value) is str and value in _KNOWN_IDENTIFIERS and len(value) <= max_length:
         return
-    _identifier(field, value)
+    _identifier(field, value, max_length=max_length)
     if len(_KNOWN_IDENTIFIERS) >= _KNOWN_IDENTIFIERS_MAX:
         _KNOWN_IDENTIFIERS.clear()
     _KNOWN_IDENTIFIERS.add(value)  # type: ignore[arg-type]  # _identifier checked it is a str
 
 
-def _identifier(field: str, value: object, *, allow_spaces: bool = False) -> None:
+def _identifier(field: str, value: object, *, allow_spaces: bool = False, max_length: int = MAX_TEXT) -> None:
     if not isinstance(value, str):
         raise InvalidJob(field, f"expected a string, got {type(value).__name__}")
     if not value.strip():
         raise InvalidJob(field, "must not be empty")
-    if len(value) > MAX_TEXT:
-        raise InvalidJob(field, f"longer than {MAX_TEXT} characters")
+    if len(value) > max_length:
+        raise InvalidJob(field, f"longer than {max_length} characters")
     if "\x00" in value:
         raise InvalidJob(field, "must not contain NUL characters")
     if not value.isascii():

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
 from agora_pg.errors import ConfigError
 
 DEFAULT_DATA_DIR = ".agora-pg"
+MIN_TOKEN_DISTINCT_CHARACTERS = 8
+_ORIGIN = re.compile(r"https?://[^/\s:]+(:[0-9]{1,5})?")
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -43,8 +46,24 @@ class Settings:
     - ``AGORA_PG_DATABASE_TIMEOUT``: deadline of every database call agora-pg makes [30]
     - ``AGORA_PG_API_TOKEN``: bearer token the API requires [none: no authentication]
     - ``AGORA_PG_API_MAX_PAYLOAD_BYTES``: largest job payload the API accepts [1048576]
+    - ``AGORA_PG_API_MAX_CONNECTIONS``: connections and requests ``agora-pg api`` serves
+      at once; past it, requests are answered 503 [1000]
+    - ``AGORA_PG_API_READ_TIMEOUT``: seconds a connection of ``agora-pg api`` has to send
+      a whole request (headers and body) before it is closed [10]
+    - ``AGORA_PG_API_ALLOWED_ORIGINS``: comma-separated origins (``http://localhost:3000``)
+      whose pages may call an API that has no token [none: only the API's own]
     - ``WORKER_HEALTH_PORT``: a WorkerPool's health server port, over the one given in
       code or config (0: any free port) [the code's]
+    - ``WORKER_HEALTH_HOST``: the address a WorkerPool's health server listens on
+      [``127.0.0.1``; containers set ``0.0.0.0``]
+    - ``WORKER_HEALTH_ERROR_DETAILS``: ``on`` to show pipelines' raw error texts on the
+      health server (which has no login) rather than their types [off]
+    - ``AGORA_PG_TRANSACTION_POOLING``: ``on`` when the database URL goes through a pooler
+      in transaction mode (PgBouncer's ``pool_mode = transaction``): no prepared statement
+      outlives a transaction, and every statement runs in a transaction of its own [off]
+    - ``AGORA_PG_LISTEN_DATABASE_URL``: where LISTEN connections go, when not to the
+      database URL (with transaction pooling: the server itself, or a session-mode pool;
+      without it, workers poll) [the database URL]
     """
 
     database_url: str | None = None
@@ -63,7 +82,14 @@ class Settings:
     database_timeout: float = 30.0
     api_token: str | None = dataclasses.field(default=None, repr=False)
     api_max_payload_bytes: int = 1024 * 1024
+    api_allowed_origins: tuple[str, ...] = ()
+    api_max_connections: int = 1000
+    api_read_timeout: float = 10.0
     health_port: int | None = None
+    health_host: str | None = None
+    health_error_details: bool = False
+    transaction_pooling: bool = False
+    listen_database_url: str | None = None
 
     def __post_init__(self) -> None:
         _require(self.poll_seconds > 0, "WORKER_POLL_SECONDS", "must be > 0")
@@ -79,8 +105,18 @@ class Settings:
         _require(self.health_port is None or 0 <= self.health_port <= 65535, "WORKER_HEALTH_PORT",
                  "must be a port number (0: any free port)")
         _require(self.api_max_payload_bytes >= 1, "AGORA_PG_API_MAX_PAYLOAD_BYTES", "must be >= 1")
+        _require(self.api_max_connections >= 1, "AGORA_PG_API_MAX_CONNECTIONS", "must be >= 1")
+        _require(self.api_read_timeout > 0, "AGORA_PG_API_READ_TIMEOUT", "must be > 0")
         _require(self.api_token is None or len(self.api_token) >= 16, "AGORA_PG_API_TOKEN",
                  "must be at least 16 characters")
+        _require(self.api_token is None or self.api_token == self.api_token.strip(), "AGORA_PG_API_TOKEN",
+                 "has leading or trailing spaces, which no client would send: remove them")
+        _require(self.api_token is None or len(set(self.api_token)) >= MIN_TOKEN_DISTINCT_CHARACTERS,
+                 "AGORA_PG_API_TOKEN", f"has fewer than {MIN_TOKEN_DISTINCT_CHARACTERS} different characters: "
+                 "use a random one (openssl rand -hex 24)")
+        for origin in self.api_allowed_origins:
+            _require(_ORIGIN.fullmatch(origin) is not None, "AGORA_PG_API_ALLOWED_ORIGINS",
+                     f"expected origins such as http://localhost:3000 (scheme://host[:port], no path), got {origin!r}")
         _require(bool(self.queues), "WORKER_QUEUES", "must name at least one queue")
         for queue in self.queues:
             _require(bool(queue) and queue == queue.strip(), "WORKER_QUEUES", f"bad queue name {queue!r}")
@@ -94,6 +130,14 @@ def load_settings(env: Mapping[str, str]) -> Settings:
     """Build ``Settings`` from environment variables; see ``Settings`` for the names."""
     url = env.get("AGORA_PG_DATABASE_URL") or env.get("DATABASE_URL") or None
     defaults = Settings()
+    pooling = _bool(env, "AGORA_PG_TRANSACTION_POOLING", False)
+    listen_url = env.get("AGORA_PG_LISTEN_DATABASE_URL") or None
+    # LISTEN needs a session of its own: through a transaction pooler, only with a listen URL
+    notifications_default = defaults.notifications and not (pooling and listen_url is None)
+    if pooling and listen_url is None and _bool(env, "WORKER_NOTIFICATIONS", False):
+        raise ConfigError("WORKER_NOTIFICATIONS", "LISTEN does not work through a transaction pooler: set "
+                          "AGORA_PG_LISTEN_DATABASE_URL to the server (or a session-mode pool), or "
+                          "WORKER_NOTIFICATIONS=off")
     return Settings(
         database_url=url,
         data_dir=Path(env.get("AGORA_PG_DATA_DIR") or DEFAULT_DATA_DIR),
@@ -102,7 +146,7 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         concurrency=_int(env, "WORKER_CONCURRENCY", defaults.concurrency),
         lease_seconds=_float(env, "WORKER_LEASE_SECONDS", defaults.lease_seconds),
         queues=parse_queues(env.get("WORKER_QUEUES", "default"), key="WORKER_QUEUES"),
-        notifications=_bool(env, "WORKER_NOTIFICATIONS", defaults.notifications),
+        notifications=_bool(env, "WORKER_NOTIFICATIONS", notifications_default),
         shutdown_timeout=_float(env, "WORKER_SHUTDOWN_TIMEOUT", defaults.shutdown_timeout),
         retry_backoff_seconds=_float(env, "WORKER_RETRY_BACKOFF_SECONDS", defaults.retry_backoff_seconds),
         retry_backoff_max_seconds=_float(
@@ -113,7 +157,15 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         database_timeout=_float(env, "AGORA_PG_DATABASE_TIMEOUT", defaults.database_timeout),
         api_token=env.get("AGORA_PG_API_TOKEN") or None,
         api_max_payload_bytes=_int(env, "AGORA_PG_API_MAX_PAYLOAD_BYTES", defaults.api_max_payload_bytes),
+        api_max_connections=_int(env, "AGORA_PG_API_MAX_CONNECTIONS", defaults.api_max_connections),
+        api_read_timeout=_float(env, "AGORA_PG_API_READ_TIMEOUT", defaults.api_read_timeout),
+        api_allowed_origins=tuple(part.strip() for part in env.get("AGORA_PG_API_ALLOWED_ORIGINS", "").split(",")
+                                  if part.strip()),
         health_port=_int(env, "WORKER_HEALTH_PORT", -1) if env.get("WORKER_HEALTH_PORT", "").strip() else None,
+        health_host=env.get("WORKER_HEALTH_HOST", "").strip() or None,
+        health_error_details=_bool(env, "WORKER_HEALTH_ERROR_DETAILS", False),
+        transaction_pooling=pooling,
+        listen_database_url=listen_url,
     )
 
 
@@ -124,6 +176,8 @@ KNOWN_VARIABLES = frozenset({
     "WORKER_POLL_SECONDS", "WORKER_MAX_RETRIES", "WORKER_CONCURRENCY", "WORKER_LEASE_SECONDS", "WORKER_QUEUES",
     "WORKER_NOTIFICATIONS", "WORKER_SHUTDOWN_TIMEOUT", "WORKER_RETRY_BACKOFF_SECONDS",
     "WORKER_RETRY_BACKOFF_MAX_SECONDS", "WORKER_JOB_TIMEOUT", "WORKER_MAX_LOST_ATTEMPTS", "WORKER_HEALTH_PORT",
+    "AGORA_PG_TRANSACTION_POOLING", "AGORA_PG_LISTEN_DATABASE_URL", "AGORA_PG_API_ALLOWED_ORIGINS",
+    "AGORA_PG_API_MAX_CONNECTIONS", "AGORA_PG_API_READ_TIMEOUT", "WORKER_HEALTH_HOST", "WORKER_HEALTH_ERROR_DETAILS",
 })
 CHECKED_PREFIXES = ("AGORA_PG_", "WORKER_")
 

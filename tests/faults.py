@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import shutil
 import socket
+import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
@@ -18,6 +22,18 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def outside_address() -> str | None:
+    """An address of this machine that is not loopback (the one its default route uses),
+    or None."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("198.51.100.1", 9))  # no packet is sent: this only picks a route
+        except OSError:
+            return None
+        address = str(probe.getsockname()[0])
+    return None if address.startswith("127.") else address
 
 
 class PgProxy:
@@ -188,6 +204,7 @@ class PrivateServer:
         info = self._server.get_postmaster_info()
         self.socket_dir = str(info.socket_dir)
         self.port = int(info.port)
+        self.system_user: str = self._server.system_user  # the OS user it runs as
 
     def url(self, dbname: str = "postgres") -> str:
         return f"postgresql://postgres@/{dbname}?host={self.socket_dir}&port={self.port}"
@@ -207,6 +224,67 @@ class PrivateServer:
 
     def cleanup(self) -> None:
         self._server.cleanup()
+
+
+class PgBouncer:
+    """PgBouncer (Debian's package, found on PATH) in transaction pooling mode on a free
+    port of 127.0.0.1, in front of a server's Unix socket, with its files in
+    ``directory``. As root it runs as ``run_as`` (PgBouncer refuses root): the user that
+    can reach the socket, the embedded server's own. ``kill()`` is a kill -9;
+    ``start()`` starts it again on the same port."""
+
+    def __init__(self, directory: Path, socket_dir: str, port: int, run_as: str | None = None) -> None:
+        self.directory = directory
+        self.port = free_port()
+        self.run_as = run_as if os.geteuid() == 0 else None
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "users.txt").write_text('"postgres" ""\n"chaos_worker" ""\n')
+        (directory / "pgbouncer.ini").write_text(
+            "[databases]\n"
+            f"* = host={socket_dir} port={port}\n"
+            "[pgbouncer]\n"
+            f"listen_addr = 127.0.0.1\nlisten_port = {self.port}\nunix_socket_dir =\n"
+            "auth_type = trust\nauth_file = users.txt\npool_mode = transaction\n"
+            "max_client_conn = 500\ndefault_pool_size = 8\nserver_reset_query =\n"
+            f"logfile = {directory / 'pgbouncer.log'}\npidfile = {directory / 'pgbouncer.pid'}\n"
+        )
+        if self.run_as is not None:
+            shutil.chown(directory, self.run_as)
+            for path in directory.iterdir():
+                shutil.chown(path, self.run_as)
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def url(self, dbname: str, user: str = "postgres") -> str:
+        return f"postgresql://{user}@127.0.0.1:{self.port}/{dbname}"
+
+    def start(self, timeout: float = 10.0) -> PgBouncer:
+        command = [shutil.which("pgbouncer") or "pgbouncer", str(self.directory / "pgbouncer.ini")]
+        if self.run_as is not None:
+            command[1:1] = ["-u", self.run_as]
+        self.process = subprocess.Popen(command, cwd=self.directory, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                return self
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.05)
+        log = (self.directory / "pgbouncer.log")
+        raise RuntimeError(f"pgbouncer did not start: {log.read_text()[-2000:] if log.exists() else ''}")
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ from litestar.openapi import OpenAPIConfig
 
 from agora_pg.api.auth import token_guard
 from agora_pg.api.errors import error_response
+from agora_pg.api.exposure import local_only
 from agora_pg.api.jobs import JobController
 from agora_pg.api.probes import health, metrics, ready
 from agora_pg.api.runs import RunController
@@ -25,9 +26,11 @@ API_VERSION = "0.1.0"
 REQUEST_BODY_HEADROOM = 64 * 1024  # JSON around the payload: kind, name, queue, ...
 
 
-def create_app(settings: Settings) -> Litestar:
+def create_app(settings: Settings, *, allow_remote: bool = False) -> Litestar:
     """The API on the settings' database (the embedded server when no URL is set),
-    through a Store opened for the app's lifetime."""
+    through a Store opened for the app's lifetime. Without a token it answers only
+    clients of this machine (``allow_remote``: others too, as ``--insecure`` asks) and
+    refuses cross-site requests (``agora_pg.api.exposure``)."""
 
     @contextlib.asynccontextmanager
     async def store_lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -46,6 +49,7 @@ def create_app(settings: Settings) -> Litestar:
             "settings": Provide(lambda: settings, sync_to_thread=False),
         },
         guards=[token_guard(settings.api_token)] if settings.api_token else [],
+        middleware=[] if settings.api_token else [local_only(allow_remote, settings.api_allowed_origins)],
         exception_handlers={Exception: error_response},
         state=State({"schema_heads": migrate.head_revisions()}),
         lifespan=[store_lifespan],

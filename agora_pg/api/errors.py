@@ -45,6 +45,9 @@ class BadBody(AgoraError):
 
 
 JSON_MEDIA_TYPES = ("application/json",)
+MAX_PAYLOAD_DEPTH = 64  # levels of arrays and objects in a job's payload
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_JSON_BRACKET = re.compile(rb"[\[\]{}]")
 # A \uD800-\uDFFF escape: half of a UTF-16 pair; alone it is no character (JSON allows it,
 # Unicode text and PostgreSQL do not).
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
@@ -52,7 +55,8 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 async def check_json_body(request: Request[Any, Any, Any]) -> None:
     """Before a handler that takes a JSON body: 415 for another content type, 400 for an
-    empty body or one holding a lone surrogate, each saying what is wrong."""
+    empty body, one nested deeper than ``MAX_PAYLOAD_DEPTH`` below the body, one with a
+    key twice in an object or one holding a lone surrogate, each saying what is wrong."""
     declared = request.headers.get("content-type")
     media = request.content_type[0].lower() if declared else "application/json"
     if media not in JSON_MEDIA_TYPES and not media.endswith("+json"):
@@ -62,6 +66,11 @@ async def check_json_body(request: Request[Any, Any, Any]) -> None:
     body = await request.body()
     if not body.strip():
         raise BadBody('the request body is empty: send a JSON object, e.g. {"kind": "send_email"}')
+    if nesting_depth(body, MAX_PAYLOAD_DEPTH + 1) > MAX_PAYLOAD_DEPTH + 1:
+        raise InvalidArgument("payload", f"nested deeper than {MAX_PAYLOAD_DEPTH} levels of arrays and objects")
+    duplicate = duplicate_key(body)
+    if duplicate is not None:
+        raise BadBody(f"the key {duplicate[:100]!r} appears twice in one object: send each key once")
     if _SURROGATE_ESCAPE.search(body):
         try:
             json.dumps(json.loads(body), ensure_ascii=False).encode("utf-8")
@@ -70,6 +79,46 @@ async def check_json_body(request: Request[Any, Any, Any]) -> None:
                           "pair is not a character; send the whole pair or the character itself") from None
         except ValueError:
             pass  # not JSON: the body's own parser says why
+
+
+def nesting_depth(body: bytes, limit: int) -> int:
+    """How deep arrays and objects nest in JSON text (counting stops past ``limit``)."""
+    depth = deepest = 0
+    for bracket in _JSON_BRACKET.finditer(_JSON_STRING.sub(b'""', body)):
+        if bracket.group() in (b"[", b"{"):
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > limit:
+                    break
+        else:
+            depth -= 1
+    return deepest
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def duplicate_key(body: bytes) -> str | None:
+    """The first key repeated within one object of a JSON body, or None (also for text
+    that is not JSON: its own parser says why)."""
+
+    def pairs(items: list[tuple[str, object]]) -> dict[str, object]:
+        seen: dict[str, object] = {}
+        for key, value in items:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen[key] = value
+        return seen
+
+    try:
+        json.loads(body, object_pairs_hook=pairs)
+    except _DuplicateKey as duplicate:
+        return str(duplicate.args[0])
+    except (ValueError, RecursionError):
+        return None
+    return None
 
 
 def status_of(error: AgoraError) -> int:

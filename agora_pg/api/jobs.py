@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+import re
+from typing import Annotated, Any
 
 import msgspec
 from litestar import Controller, Response, get, post
+from litestar.connection import ASGIConnection
+from litestar.exceptions import NotFoundException
+from litestar.handlers.base import BaseRouteHandler
 from litestar.di import NamedDependency
 from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 
@@ -19,9 +23,22 @@ from agora_pg.jobs import JobStatus
 from agora_pg.settings import Settings
 
 
+_JOB_ID_SEGMENT = re.compile(r"/jobs/([^/]+)")
+_PLAIN_ID = re.compile(r"0|[1-9][0-9]{0,18}")
+
+
+def plain_job_id(connection: ASGIConnection[Any, Any, Any, Any], _handler: BaseRouteHandler) -> None:
+    """Guard: a job id in a path is written in plain ASCII digits, without a sign or
+    leading zeros (``int()`` would also read ``01``, ``+1`` and ``٣``): 404 otherwise."""
+    match = _JOB_ID_SEGMENT.match(connection.scope["path"])
+    if match is not None and not _PLAIN_ID.fullmatch(match.group(1)):
+        raise NotFoundException(f"no job {match.group(1)[:40]!r}: job ids are plain decimal numbers such as 42")
+
+
 class JobController(Controller):
     path = "/jobs"
     tags = ["jobs"]
+    guards = [plain_job_id]
 
     @post("/", status_code=201, responses=None, before_request=check_json_body)
     async def create_job(

@@ -7,6 +7,17 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, gen
 from agora_pg.db.run_rows import MetricsSnapshot
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+MAX_QUEUE_LABELS = 50  # queues named in labels; the rest are summed as queue="other"
+OTHER = "other"
+
+
+def labelled_queues(live_jobs: list[tuple[str, str, int]], limit: int = MAX_QUEUE_LABELS) -> set[str]:
+    """The ``limit`` queues with the most live jobs (ties by name): only these become
+    label values, so that a flood of distinct queue names cannot bloat a scrape."""
+    totals: dict[str, int] = {}
+    for queue, _status, count in live_jobs:
+        totals[queue] = totals.get(queue, 0) + count
+    return set(sorted(totals, key=lambda queue: (-totals[queue], queue))[:limit])
 
 
 def render_metrics(snapshot: MetricsSnapshot) -> bytes:
@@ -17,13 +28,22 @@ def render_metrics(snapshot: MetricsSnapshot) -> bytes:
         "agora_jobs", "Live jobs: pending, processing, or failed and waiting for a retry.",
         ["queue", "status"], registry=registry,
     )
+    named = labelled_queues(snapshot.live_jobs)
+    summed: dict[tuple[str, str], int] = {}
     for queue, status, count in snapshot.live_jobs:
+        key = (queue if queue in named else OTHER, status)
+        summed[key] = summed.get(key, 0) + count
+    for (queue, status), count in summed.items():
         jobs.labels(queue=queue, status=status).set(count)
     oldest = Gauge(
         "agora_oldest_due_job_age_seconds", "Seconds the oldest due pending job of a queue has waited.",
         ["queue"], registry=registry,
     )
+    oldest_of: dict[str, float] = {}
     for queue, age in snapshot.oldest_due_seconds.items():
+        label = queue if queue in named else OTHER
+        oldest_of[label] = max(age, oldest_of.get(label, age))
+    for queue, age in oldest_of.items():
         oldest.labels(queue=queue).set(age)
     runs = Gauge(
         "agora_runs_recent",

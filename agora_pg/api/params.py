@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from agora_pg.errors import InvalidArgument
+from agora_pg.job_spec import time_problem
 from agora_pg.jobs import possible_job_id
 
 DEFAULT_LIMIT = 50
@@ -45,8 +46,14 @@ def text_filter(field: str, value: str | None) -> str | None:
 
 
 def aware(field: str, value: datetime | None) -> datetime | None:
-    if value is not None and (value.tzinfo is None or value.utcoffset() is None):
+    """A timestamp with a time zone, within the range agora-pg accepts."""
+    if value is None:
+        return None
+    if value.tzinfo is None or value.utcoffset() is None:
         raise InvalidArgument(field, "expected a timezone-aware timestamp (for example 2026-01-01T00:00:00Z)")
+    problem = time_problem(value)
+    if problem is not None:
+        raise InvalidArgument(field, problem)
     return value
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import os
 import signal
@@ -20,6 +19,7 @@ from agora_pg.db.connect import resolve_database
 from agora_pg.db.store import Store
 from agora_pg.errors import AgoraError, ConfigError
 from agora_pg.lifecycle import shutdown_signals
+from agora_pg.runtime.http import read_deadline_protocol
 from agora_pg.settings import load_settings
 
 log = logging.getLogger("agora_pg")
@@ -27,18 +27,11 @@ log = logging.getLogger("agora_pg")
 CHILD_EXTRA_STOP_SECONDS = 10.0  # beyond the worker's own shutdown timeout
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def check_bind(host: str, token: str | None, insecure: bool) -> None:
     """Serving beyond this machine needs a token, unless the operator insists."""
-    if not is_loopback(host) and token is None and not insecure:
+    from agora_pg.api.exposure import is_loopback_host
+
+    if not is_loopback_host(host) and token is None and not insecure:
         raise ConfigError(
             "--host",
             f"refusing to serve on {host} without AGORA_PG_API_TOKEN; set a token, bind 127.0.0.1, "
@@ -54,12 +47,17 @@ async def run_api(host: str, port: int, insecure: bool, log_level: str) -> None:
     settings = load_settings(os.environ)
     check_bind(host, settings.api_token, insecure)
     check_port_free("--port", host, port)
-    config = uvicorn.Config(create_app(settings), host=host, port=port, log_level=log_level.lower(),
-                            lifespan="on", access_log=False)
+    config = uvicorn.Config(create_app(settings, allow_remote=insecure), host=host, port=port, log_level=log_level.lower(),
+                            lifespan="on", access_log=False, http=read_deadline_protocol(settings.api_read_timeout),
+                            limit_concurrency=settings.api_max_connections,
+                            timeout_keep_alive=API_KEEP_ALIVE_SECONDS)
     server = _api_server_class()(config)
     await server.serve()
     if not server.started:
         raise AgoraError(f"the API could not start on {host}:{port} (see the log above)")
+
+
+API_KEEP_ALIVE_SECONDS = 5  # an idle keep-alive connection is closed after this
 
 
 def _api_server_class() -> type:
@@ -115,7 +113,7 @@ async def run_dev(host: str, port: int, module: str, health_port: int | None, lo
         print(
             f"agora-pg dev: database {database.display_url}\n"
             f"agora-pg dev: API on http://{host}:{port} (OpenAPI at /schema), worker running {module}.py\n"
-            f"agora-pg dev: worker health on http://127.0.0.1:{health_port}/health and /ready\n"
+            f"agora-pg dev: worker health on http://127.0.0.1:{health_port}/health, /ready and /metrics\n"
             "agora-pg dev: Ctrl+C stops both",
             flush=True,
         )
@@ -126,7 +124,7 @@ async def run_dev(host: str, port: int, module: str, health_port: int | None, lo
                 _kill(child)
 
 
-HEALTH_HOST = "0.0.0.0"  # where a WorkerPool's health server listens
+HEALTH_HOST = "127.0.0.1"  # where a WorkerPool's health server listens by default
 
 
 def check_port_free(option: str, host: str, port: int) -> None:

@@ -7,10 +7,11 @@ import contextlib
 import dataclasses
 import logging
 import os
+import uuid
 import warnings
 from collections.abc import AsyncIterator
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
@@ -24,22 +25,43 @@ _SCHEMES = {"postgres", "postgresql", "postgresql+asyncpg"}
 
 @dataclasses.dataclass(frozen=True)
 class Database:
-    """A PostgreSQL database, addressed by a libpq-style URL."""
+    """A PostgreSQL database, addressed by a libpq-style URL.
+
+    ``transaction_pooling``: the URL goes through a pooler in transaction mode (PgBouncer
+    before 1.21 keeps no prepared statement across transactions): connections keep no
+    statement cache, and the Store runs each call in a transaction of its own, so that
+    a statement's parse and execution reach the same server connection.
+    ``listen_url``: where LISTEN connections go, when not to ``url``."""
 
     url: str
+    transaction_pooling: bool = False
+    listen_url: str | None = None
 
     def __post_init__(self) -> None:
-        scheme = urlsplit(self.url).scheme
-        if scheme not in _SCHEMES:
-            raise ConfigError(
-                "DATABASE_URL",
-                f"expected a postgresql:// URL, got scheme {scheme or '(none)'!r}",
-            )
+        for key, url in (("DATABASE_URL", self.url), ("AGORA_PG_LISTEN_DATABASE_URL", self.listen_url)):
+            scheme = urlsplit(url).scheme if url is not None else "postgresql"
+            if scheme not in _SCHEMES:
+                raise ConfigError(key, f"expected a postgresql:// URL, got scheme {scheme or '(none)'!r}")
+
+    @classmethod
+    def from_settings(cls, settings: Settings, url: str) -> Database:
+        """The database at ``url`` with the settings' pooling and LISTEN choices."""
+        return cls(url, transaction_pooling=settings.transaction_pooling, listen_url=settings.listen_database_url)
 
     @property
     def asyncpg_url(self) -> str:
         """The URL as asyncpg accepts it (``postgresql://``)."""
         return urlunsplit(urlsplit(self.url)._replace(scheme="postgresql"))
+
+    @property
+    def asyncpg_listen_url(self) -> str:
+        """The URL of LISTEN connections, as asyncpg accepts it."""
+        return urlunsplit(urlsplit(self.listen_url or self.url)._replace(scheme="postgresql"))
+
+    @property
+    def connect_options(self) -> dict[str, object]:
+        """asyncpg ``connect()`` options: no statement cache through a transaction pooler."""
+        return {"statement_cache_size": 0} if self.transaction_pooling else {}
 
     @property
     def sqlalchemy_url(self) -> str:
@@ -48,12 +70,8 @@ class Database:
 
     @property
     def display_url(self) -> str:
-        """The URL with any password masked, for logs."""
-        parts = urlsplit(self.asyncpg_url)
-        if parts.password:
-            netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-            parts = parts._replace(netloc=netloc)
-        return urlunsplit(parts)
+        """The URL with every secret it can hold masked, for logs."""
+        return mask_url(self.asyncpg_url)
 
     def create_engine(self, pool_size: int = 5) -> AsyncEngine:
         """A new SQLAlchemy engine on this database (the caller disposes of it).
@@ -62,7 +80,35 @@ class Database:
         time). The Store handles dead connections optimistically instead: the first
         call that meets one fails and the whole pool is replaced.
         """
-        return create_async_engine(self.sqlalchemy_url, pool_size=pool_size, max_overflow=pool_size)
+        options: dict[str, object] = {}
+        if self.transaction_pooling:  # SQLAlchemy's documented PgBouncer settings for asyncpg
+            options["connect_args"] = {"statement_cache_size": 0, "prepared_statement_cache_size": 0,
+                                       "prepared_statement_name_func": _unique_statement_name}
+        return create_async_engine(self.sqlalchemy_url, pool_size=pool_size, max_overflow=pool_size, **options)
+
+
+def _unique_statement_name() -> str:
+    """A prepared statement's name that no other client of a pooled server connection uses."""
+    return f"__agora_{uuid.uuid4().hex}__"
+
+
+# libpq parameters that hold a secret (``passfile`` names a file, whose contents are
+# never read into a message).
+SECRET_PARAMETERS = frozenset({"password", "sslpassword"})
+
+
+def mask_url(url: str) -> str:
+    """``url`` with its password (``user:pw@``, ``?password=``, ``?sslpassword=``) as ``***``."""
+    parts = urlsplit(url)
+    if parts.password is not None:
+        user_info, _, host = parts.netloc.rpartition("@")
+        user = user_info.split(":", 1)[0]
+        parts = parts._replace(netloc=f"{user}:***@{host}")
+    if parts.query:
+        pairs = parse_qsl(parts.query, keep_blank_values=True)
+        masked = [(key, "***" if key.lower() in SECRET_PARAMETERS else value) for key, value in pairs]
+        parts = parts._replace(query=urlencode(masked, safe="/*:"))
+    return urlunsplit(parts)
 
 
 CONNECT_CHECK_TIMEOUT = 10.0
@@ -74,13 +120,16 @@ async def connect_db(url: str | None = None) -> Database:
     line. What it returns is what ``DatabaseSink`` and ``SqlSource`` take."""
     import asyncpg
 
-    if url is None:
-        url = load_settings(os.environ).database_url
-        if url is None:
+    if url is None:  # the configured database, with its pooling settings
+        settings = load_settings(os.environ)
+        if settings.database_url is None:
             raise ConfigError("DATABASE_URL", "connect_db() needs a URL: pass one, or set AGORA_PG_DATABASE_URL")
-    database = Database(url)
+        database = Database.from_settings(settings, settings.database_url)
+    else:
+        database = Database(url)
     try:
-        connection = await asyncpg.connect(database.asyncpg_url, timeout=CONNECT_CHECK_TIMEOUT)
+        connection = await asyncpg.connect(database.asyncpg_url, timeout=CONNECT_CHECK_TIMEOUT,
+                                           **database.connect_options)
     except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
         raise DatabaseUnavailable(f"cannot connect to {database.display_url}: {error}") from None
     await connection.close()
@@ -117,7 +166,7 @@ async def resolve_database(settings: Settings | None = None) -> AsyncIterator[Da
     if settings is None:
         settings = load_settings(os.environ)
     if settings.database_url:
-        yield Database(settings.database_url)
+        yield Database.from_settings(settings, settings.database_url)
         return
     database = await asyncio.to_thread(embedded_database, settings.data_dir)
     if database.url not in _announced:  # once per process

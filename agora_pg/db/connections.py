@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 
 import asyncpg
 
@@ -60,8 +60,9 @@ class ConnectionPool:
     them all.
     """
 
-    def __init__(self, url: str, max_size: int, timeout: float) -> None:
+    def __init__(self, url: str, max_size: int, timeout: float, options: Mapping[str, object] | None = None) -> None:
         self._url = url
+        self._options = dict(options or {})  # more asyncpg.connect() arguments
         self.timeout = timeout
         self._idle: list[asyncpg.Connection] = []
         self._slots = asyncio.Semaphore(max_size)
@@ -93,7 +94,8 @@ class ConnectionPool:
             if not connection.is_closed():
                 return connection
         try:
-            return await asyncpg.connect(self._url, timeout=self.timeout, command_timeout=self.timeout)
+            return await asyncpg.connect(self._url, timeout=self.timeout, command_timeout=self.timeout,
+                                         **self._options)
         except asyncpg.PostgresError as error:
             if is_transient(error):  # too many connections, the server starting up or shutting down
                 raise

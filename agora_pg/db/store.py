@@ -73,7 +73,8 @@ class Store:
         self.timeout = timeout
         # Statements of the Store run on its own connections; a borrowed engine's pool
         # is used only when the caller gave one (it may limit connections on purpose).
-        self._own = ConnectionPool(database.asyncpg_url, 2 * pool_size, timeout) if owns_engine else None
+        self._own = (ConnectionPool(database.asyncpg_url, 2 * pool_size, timeout, database.connect_options)
+                     if owns_engine else None)
         self._identity: tuple[object, ...] | None = None
 
     @classmethod
@@ -133,7 +134,11 @@ class Store:
                     yield raw.driver_connection
             else:
                 async with self._own.acquire() as connection:
-                    yield connection
+                    if self.database.transaction_pooling:  # parse and execute on one server connection
+                        async with connection.transaction():
+                            yield connection
+                    else:
+                        yield connection
         except CONNECTION_ERRORS as error:
             raise self._unavailable(error) from error
         except asyncpg.PostgresError as error:
@@ -477,7 +482,7 @@ class Store:
         ``queries.CANCEL_CHANNEL`` when a running job is to be cancelled (its id),
         ``queries.SCHEDULES_CHANNEL`` when a schedule is resumed or triggered (its pipeline id)."""
         try:
-            connection = await asyncpg.connect(self.database.asyncpg_url, timeout=self.timeout)
+            connection = await asyncpg.connect(self.database.asyncpg_listen_url, timeout=self.timeout)
         except CONNECTION_ERRORS as error:
             raise self._unavailable(error) from error
         except asyncpg.PostgresError as error:  # refused: too many connections, no such database...

@@ -256,7 +256,7 @@ class DatabaseSink(Sink):
         else:
             assert self.database is not None
             if self._connection is None or self._connection.is_closed():
-                self._connection = await asyncpg.connect(self.database.asyncpg_url)
+                self._connection = await asyncpg.connect(self.database.asyncpg_url, **self.database.connect_options)
             yield self._connection
 
     async def _columns(self, connection: Any, records: Sequence[Record]) -> list[str]:

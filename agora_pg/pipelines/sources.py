@@ -139,7 +139,7 @@ class SqlSource(Source):
 
     async def read(self, batch_size: int, resume_after: Any = None) -> AsyncIterator[Batch]:
         statement, args = self._statement(resume_after)
-        connection = await asyncpg.connect(self.database.asyncpg_url)
+        connection = await asyncpg.connect(self.database.asyncpg_url, **self.database.connect_options)
         try:
             async with connection.transaction(readonly=True):
                 cursor = await connection.cursor(statement, *args)

@@ -1,7 +1,14 @@
-"""HealthServer: ``GET /health`` (live) and ``GET /ready`` (database and pipelines), JSON.
+"""HealthServer: a WorkerPool's ``GET /health`` (live), ``GET /ready`` (database and
+pipelines) and ``GET /metrics`` (Prometheus), served by uvicorn.
 
-A few lines of asyncio rather than a web framework: two fixed routes, HTTP/1.1,
-one request per connection.
+A small ASGI app rather than a web framework (three fixed routes), under uvicorn rather
+than a hand-written HTTP server: uvicorn parses HTTP properly, closes idle keep-alive
+connections and caps concurrent ones (503 past ``MAX_CONNECTIONS``); a read deadline
+closes connections that send nothing or half a request. It listens on
+loopback unless told otherwise (``WORKER_HEALTH_HOST``); on loopback it also refuses
+requests whose ``Host`` is not this machine (DNS rebinding), as the API does without a
+token. Raw error texts (which may hold anything a pipeline's error said, URLs included)
+stay out of its answers unless ``WORKER_HEALTH_ERROR_DETAILS`` asks for them.
 """
 
 from __future__ import annotations
@@ -10,72 +17,120 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Callable
+import socket
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
-from agora_pg.errors import ConfigError
+from agora_pg.api.exposure import is_loopback_host, refusal
+from agora_pg.errors import AgoraError, ConfigError
+from agora_pg.runtime.http import read_deadline_protocol
 
 log = logging.getLogger("agora_pg.runner")
 
 Report = Callable[[], Awaitable[tuple[bool, dict[str, Any]]]]
-REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 400: "Bad Request", 503: "Service Unavailable"}
+Metrics = Callable[[], Awaitable[tuple[bytes, str]]]  # (body, content type)
+DEFAULT_HOST = "127.0.0.1"
+MAX_CONNECTIONS = 100  # concurrent connections and requests; 503 past it
+KEEP_ALIVE_SECONDS = 5
+READ_TIMEOUT_SECONDS = 10  # to send a whole request: a silent or slow connection is closed
 
 
 class HealthServer:
-    """Serves ``live()`` on /health and ``ready()`` on /ready; each returns
-    ``(healthy, body)`` and an unhealthy answer is a 503."""
+    """Serves ``live()`` on /health, ``ready()`` on /ready (each returns ``(healthy,
+    body)``; an unhealthy answer is a 503) and ``metrics()`` on /metrics."""
 
-    def __init__(self, port: int, live: Report, ready: Report, host: str = "0.0.0.0") -> None:
+    def __init__(self, port: int, live: Report, ready: Report, host: str = DEFAULT_HOST,
+                 metrics: Metrics | None = None) -> None:
         self.host = host
         self.port = port
-        self._routes = {"/health": live, "/ready": ready}
-        self._server: asyncio.Server | None = None
+        self._app = health_app({"/health": live, "/ready": ready}, metrics, remote=not is_loopback_host(host))
+        self._server: Any = None
+        self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
+        import uvicorn
+
         try:
-            self._server = await asyncio.start_server(self._handle, self.host, self.port)
+            listening = socket.create_server((self.host, self.port), family=_family(self.host))
         except OSError as error:
             raise ConfigError(
                 "health_port", f"the health server cannot listen on {self.host}:{self.port}: {error.strerror or error}; "
                 "pick another port with --health-port or WORKER_HEALTH_PORT (0: any free port)"
             ) from None
-        self.port = self._server.sockets[0].getsockname()[1]
-        log.info("health server on http://%s:%d/health and /ready", self.host, self.port)
+        self.port = listening.getsockname()[1]
+        config = uvicorn.Config(self._app, lifespan="off", log_config=None, access_log=False,
+                                limit_concurrency=MAX_CONNECTIONS, timeout_keep_alive=KEEP_ALIVE_SECONDS,
+                                http=read_deadline_protocol(READ_TIMEOUT_SECONDS))
+        self._server = _quiet_server_class()(config)
+        self._task = asyncio.create_task(self._server.serve(sockets=[listening]), name="health server")
+        while not self._server.started and not self._task.done():
+            await asyncio.sleep(0.01)
+        if self._task.done():
+            self._task.result()  # (raises what stopped it)
+            raise ConfigError("health_port", f"the health server did not start on {self.host}:{self.port}")
+        log.info("health server on http://%s:%d/health, /ready and /metrics", self.host, self.port)
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 5)
+        if self._server is None or self._task is None:
+            return
+        self._server.should_exit = True
+        done, _ = await asyncio.wait([self._task], timeout=5)
+        if not done:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            status, body = await asyncio.wait_for(self._respond(reader), timeout=10)
-        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError, ValueError):
-            status, body = 400, {"error": "bad request"}
-        payload = json.dumps(body).encode()
-        head = (
-            f"HTTP/1.1 {status} {REASONS.get(status, 'OK')}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
-        )
-        with contextlib.suppress(ConnectionError):
-            writer.write(head.encode() + payload)
-            await writer.drain()
-        writer.close()
-        with contextlib.suppress(Exception):
-            await writer.wait_closed()
 
-    async def _respond(self, reader: asyncio.StreamReader) -> tuple[int, dict[str, Any]]:
-        request_line = (await reader.readline()).decode("latin-1").split()
-        while (await reader.readline()) not in (b"\r\n", b"\n", b""):
-            pass  # headers are not needed
-        if len(request_line) != 3:
-            return 400, {"error": "bad request"}
-        method, target, _version = request_line
-        route = self._routes.get(target.split("?", 1)[0])
-        if route is None:
-            return 404, {"error": f"no such path {target!r}; try /health or /ready"}
-        if method not in ("GET", "HEAD"):
-            return 405, {"error": "only GET"}
-        healthy, body = await route()
-        return (200 if healthy else 503), body
+def health_app(routes: dict[str, Report], metrics: Metrics | None, *, remote: bool) -> Any:
+    """The ASGI app: ``routes`` (path -> report) as JSON, ``metrics`` on /metrics."""
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        reason = refusal(scope, remote, ())
+        if reason is not None:
+            await _answer(send, 403, {"error": reason})
+        elif scope["method"] not in ("GET", "HEAD"):
+            await _answer(send, 405, {"error": "only GET"})
+        elif scope["path"] == "/metrics" and metrics is not None:
+            try:
+                body, content_type = await metrics()
+            except AgoraError as error:
+                log.warning("health server: /metrics: %s", error)
+                await _answer(send, 503, {"error": "the database is unavailable (the worker's log says why)"})
+                return
+            await _send(send, 200, body, content_type)
+        elif scope["path"] in routes:
+            healthy, report = await routes[scope["path"]]()
+            await _answer(send, 200 if healthy else 503, report)
+        else:
+            await _answer(send, 404, {"error": f"no such path {scope['path'][:100]!r}; try /health, /ready or /metrics"})
+
+    return app
+
+
+async def _answer(send: Any, status: int, body: dict[str, Any]) -> None:
+    await _send(send, status, json.dumps(body).encode(), "application/json")
+
+
+async def _send(send: Any, status: int, body: bytes, content_type: str) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def _quiet_server_class() -> type:
+    import uvicorn
+
+    class QuietServer(uvicorn.Server):
+        """uvicorn without its signal handlers: the WorkerPool owns SIGINT and SIGTERM."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    return QuietServer

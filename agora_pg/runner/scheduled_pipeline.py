@@ -14,6 +14,7 @@ import dataclasses
 import inspect
 import logging
 import os
+import re
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -72,7 +73,10 @@ class PipelineStatus:
     consecutive_errors: int
     last_error: str | None
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self, *, error_details: bool = False) -> dict[str, Any]:
+        """The report; the last error's raw text only with ``error_details`` (it may hold
+        anything the error said), otherwise its type."""
+
         def iso(value: datetime | None) -> str | None:
             return value.isoformat() if value else None
 
@@ -84,8 +88,20 @@ class PipelineStatus:
             "last_finished_at": iso(self.last_finished_at),
             "last_status": self.last_status,
             "consecutive_errors": self.consecutive_errors,
-            "last_error": self.last_error,
+            "last_error_type": error_type(self.last_error),
+            **({"last_error": self.last_error} if error_details else {}),
         }
+
+
+_ERROR_TYPE = re.compile(r"[A-Za-z_][\w.]*(?=:|$)")
+
+
+def error_type(error_text: str | None) -> str | None:
+    """The exception type an error text starts with (``ValueError: ...`` -> ``ValueError``)."""
+    if not error_text:
+        return None
+    match = _ERROR_TYPE.match(error_text.strip())
+    return match.group(0) if match else "error"
 
 
 class ScheduledPipeline:

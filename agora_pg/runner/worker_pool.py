@@ -20,7 +20,7 @@ from agora_pg.db.store import Store
 from agora_pg.errors import AgoraError, DatabaseUnavailable
 from agora_pg.lifecycle import shutdown_signals, wait_tasks_or_event
 from agora_pg.outcomes import describe_error
-from agora_pg.runner.health import HealthServer
+from agora_pg.runner.health import DEFAULT_HOST, HealthServer
 from agora_pg.runner.schedule_listener import listen_for_schedule_changes
 from agora_pg.runner.scheduled_pipeline import ScheduledPipeline, ScheduleStopped
 from agora_pg.runtime.database_calls import StopSignal
@@ -54,7 +54,8 @@ class JobWorkerStopped(AgoraError):
 class WorkerPool:
     """Runs every registered ScheduledPipeline, and a job ``Worker`` if one is
     registered, as concurrent asyncio tasks. ``health_port`` starts a
-    HealthServer; without it there is no server."""
+    HealthServer (/health, /ready, /metrics) on ``health_host`` (loopback unless
+    ``WORKER_HEALTH_HOST`` or this says otherwise); without it there is no server."""
 
     def __init__(
         self,
@@ -62,10 +63,12 @@ class WorkerPool:
         graceful_shutdown_timeout: float = 30.0,
         *,
         settings: Settings | None = None,
+        health_host: str = DEFAULT_HOST,
     ) -> None:
         if graceful_shutdown_timeout < 0:
             raise ValueError("graceful_shutdown_timeout must be >= 0")
         self.health_port = health_port
+        self.health_host = health_host
         self.graceful_shutdown_timeout = graceful_shutdown_timeout
         self.settings = settings
         self.pipelines: list[ScheduledPipeline] = []
@@ -74,6 +77,7 @@ class WorkerPool:
         self._stopping = StopSignal()
         self._aborting = StopSignal()
         self._store: Store | None = None
+        self._error_details = False
 
     def register(self, item: ScheduledPipeline | Worker) -> WorkerPool:
         """Add a ScheduledPipeline (or the job Worker); returns self for chaining."""
@@ -113,6 +117,9 @@ class WorkerPool:
             settings = self.job_worker.effective_settings()
         if settings.health_port is not None:  # WORKER_HEALTH_PORT: over the code's or config's
             self.health_port = settings.health_port
+        if settings.health_host is not None:
+            self.health_host = settings.health_host
+        self._error_details = settings.health_error_details
         with shutdown_signals(self.stop, self.abort) if handle_signals else contextlib.nullcontext():
             async with resolve_database(settings) as database:
                 store = Store.open(database, pool_size=5, timeout=settings.database_timeout)
@@ -131,7 +138,7 @@ class WorkerPool:
 
     async def _serve_with(self, store: Store, settings: Settings, worker_id: str, supervisor: LeaseSupervisor) -> None:
         if self.health_port is not None:  # first: a port in use stops the pool before anything runs
-            self.health = HealthServer(self.health_port, self._live, self._ready)
+            self.health = HealthServer(self.health_port, self._live, self._ready, self.health_host, self._metrics)
             await self.health.start()
         tasks: dict[asyncio.Task[Any], ScheduledPipeline | Worker] = {}
         for pipeline in self.pipelines:
@@ -220,7 +227,8 @@ class WorkerPool:
             await asyncio.wait_for(self._store.ping(), timeout=2)
             body["database"] = "ok"
         except (DatabaseUnavailable, TimeoutError, AssertionError) as error:
-            body["database"] = f"unavailable: {error}"
+            log.warning("health server answering not ready: %s", error or "no answer within 2s")
+            body["database"] = "unavailable (the worker's log says why)"  # no address to callers with no login
             healthy = False
         stopped = [p.pipeline_id for p in self.pipelines if p.status.state in TERMINAL_STATES]
         if stopped:
@@ -229,5 +237,12 @@ class WorkerPool:
         body["status"] = "ready" if healthy else "not ready"
         return healthy, body
 
+    async def _metrics(self) -> tuple[bytes, str]:
+        from agora_pg.api.metrics import CONTENT_TYPE, render_metrics
+
+        if self._store is None:
+            raise DatabaseUnavailable("the pool is not running")
+        return render_metrics(await self._store.metrics()), CONTENT_TYPE
+
     def _pipeline_report(self) -> dict[str, Any]:
-        return {p.pipeline_id: p.status.as_json() for p in self.pipelines}
+        return {p.pipeline_id: p.status.as_json(error_details=self._error_details) for p in self.pipelines}

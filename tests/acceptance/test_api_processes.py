@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -16,6 +17,7 @@ import psutil
 import pytest
 
 from ..conftest import Processes
+from ..faults import outside_address
 from .test_worker_processes import eventually, free_port, stop, worker_env
 
 REPO = Path(__file__).resolve().parents[2]
@@ -92,7 +94,7 @@ async def test_api_refuses_a_public_address_without_a_token(database_url: str, p
 
 async def test_api_on_a_public_address_with_a_token(database_url: str, processes: Processes) -> None:
     port = free_port()
-    token = "t" * 32
+    token = "0123456789abcdef" * 2
     api = processes.start(cli("api", "--host", "0.0.0.0", "--port", str(port)),
                           worker_env(database_url, AGORA_PG_API_TOKEN=token), REPO)
     base = f"http://127.0.0.1:{port}"
@@ -170,11 +172,79 @@ def test_api_entry_point_builds_the_app_from_the_environment(database_url: str) 
         "from api.app import app; from litestar import Litestar; "
         "assert isinstance(app, Litestar); print(len(app.guards))"
     )
-    for extra, guards in (({}, "0"), ({"AGORA_PG_API_TOKEN": "x" * 20}, "1")):
+    for extra, guards in (({}, "0"), ({"AGORA_PG_API_TOKEN": "0123456789abcdefghij"}, "1")):
         result = subprocess.run([sys.executable, "-c", probe], env=worker_env(database_url, **extra), cwd=REPO,
                                 capture_output=True, text=True, timeout=60)
         assert result.returncode == 0, result.stderr
         assert result.stdout.strip() == guards
+
+
+async def test_uvicorn_serving_the_app_on_every_address_without_a_token_answers_only_loopback(
+    database_url: str, processes: Processes,
+) -> None:
+    """``uvicorn api.app:app --host 0.0.0.0`` skips agora-pg's start-up check; the app
+    itself still refuses clients that are not on this machine."""
+    outside = outside_address()
+    if outside is None:
+        pytest.skip("this machine has no address but loopback")
+    port = free_port()
+    api = processes.start([sys.executable, "-m", "uvicorn", "api.app:app", "--host", "0.0.0.0", "--port", str(port)],
+                          worker_env(database_url), REPO)
+    await wait_ready(f"http://127.0.0.1:{port}", api)
+    async with httpx.AsyncClient(timeout=10) as client:
+        remote = await client.get(f"http://{outside}:{port}/jobs")
+        local = await client.get(f"http://127.0.0.1:{port}/jobs")
+    assert remote.status_code == 403 and "clients on this machine" in remote.json()["detail"], remote.text
+    assert local.status_code == 200, local.text
+
+
+async def test_a_flood_of_idle_and_slow_connections_is_shed_and_health_still_answers(
+    database_url: str, processes: Processes,
+) -> None:
+    """Idle sockets and half-sent requests are closed after AGORA_PG_API_READ_TIMEOUT;
+    meanwhile /health answers; past AGORA_PG_API_MAX_CONNECTIONS requests get a 503
+    (not a hang), and the API recovers once the flood is shed."""
+    import socket
+
+    port = free_port()
+    env = worker_env(database_url, AGORA_PG_API_READ_TIMEOUT="2", AGORA_PG_API_MAX_CONNECTIONS="200")
+    api = processes.start(cli("api", "--port", str(port)), env, REPO)
+    base = f"http://127.0.0.1:{port}"
+    await wait_ready(base, api)
+
+    def flood(idle: int, slow: int) -> list[socket.socket]:
+        sockets = []
+        for number in range(idle + slow):
+            connection = socket.create_connection(("127.0.0.1", port), timeout=5)
+            if number >= idle:  # headers sent, the body never finished
+                connection.sendall(b"POST /jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                                   b"Content-Length: 100\r\n\r\n{\"kin")
+            sockets.append(connection)
+        return sockets
+
+    def closed_by_server(connection: socket.socket) -> bool:
+        connection.settimeout(5)
+        try:
+            return connection.recv(1024) == b""
+        except (ConnectionResetError, TimeoutError):
+            return False
+
+    flooded = await asyncio.to_thread(flood, 100, 50)
+    started = time.monotonic()
+    async with httpx.AsyncClient(base_url=base, timeout=5) as client:
+        assert (await client.get("/health")).status_code == 200
+    assert all(await asyncio.to_thread(lambda: [closed_by_server(c) for c in flooded]))
+    assert time.monotonic() - started < 8  # the 2 s deadline, not forever
+    for connection in flooded:
+        connection.close()
+
+    flooded = await asyncio.to_thread(flood, 200, 0)
+    async with httpx.AsyncClient(base_url=base, timeout=5) as client:
+        assert (await client.get("/health")).status_code == 503  # past the limit: refused at once
+        await asyncio.sleep(3)  # the flood is shed
+        assert (await client.get("/health")).status_code == 200
+    for connection in flooded:
+        connection.close()
 
 
 async def test_dev_on_the_embedded_server_reuses_its_data(tmp_path: Path, processes: Processes) -> None:

@@ -119,13 +119,13 @@ def test_busy_ports_are_named_in_one_line_before_anything_starts(database_url: s
             result = run(cli(*args), bare_env(AGORA_PG_DATA_DIR=str(tmp_path / "never-started")))
             assert result.returncode == 2, result.stderr
             assert result.stderr.strip().splitlines() == [
-                f"agora-pg: {option}: port {port} on {'0.0.0.0' if option == '--health-port' else '127.0.0.1'} "
+                f"agora-pg: {option}: port {port} on 127.0.0.1 "
                 f"is not free (Address already in use); pick another with {option}"]
             assert time.monotonic() - started < 20 and not (tmp_path / "never-started").exists()
         worker = run(cli("worker", "--module", "worker", "--health-port", str(port)), worker_env(database_url))
         assert worker.returncode == 2, worker.stderr
         assert worker.stderr.strip().splitlines()[-1].startswith(
-            f"agora-pg: health_port: the health server cannot listen on 0.0.0.0:{port}")
+            f"agora-pg: health_port: the health server cannot listen on 127.0.0.1:{port}")
         assert "Traceback" not in worker.stderr
 
 
@@ -150,4 +150,4 @@ async def test_dev_gives_the_worker_a_free_health_port_when_the_modules_is_taken
     [line] = [line for line in text.splitlines() if "worker health on" in line]
     health_port = int(line.split("http://127.0.0.1:")[1].split("/")[0])
     assert health_port != 8080
-    assert f"health server on http://0.0.0.0:{health_port}/health" in text
+    assert f"health server on http://127.0.0.1:{health_port}/health" in text

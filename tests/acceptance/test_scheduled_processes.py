@@ -18,6 +18,7 @@ import asyncpg
 import pytest
 
 from ..conftest import Processes
+from ..faults import outside_address
 from .pipeline_app import CREATE_EVENTS
 from .test_worker_processes import eventually, free_port, scalar, stop, worker_env
 
@@ -124,6 +125,54 @@ async def test_a_restarted_worker_keeps_the_error_counter_and_next_run(
     after = (await fetch(database_url, "SELECT consecutive_errors, next_run_at FROM agora.schedules"))[0]
     assert tuple(after) == tuple(before) and before["consecutive_errors"] == 1
     assert await run_statuses(database_url) == ["failed"]  # the backoff was respected across the restart
+
+
+async def test_the_health_server_reports_error_types_on_loopback_and_metrics(
+    database_url: str, processes: Processes, events: None
+) -> None:
+    """By default the health server listens on loopback only, refuses a Host that is not
+    this machine, reports a pipeline's error type (not its text, which may hold a URL
+    with a password) and serves /metrics; WORKER_HEALTH_ERROR_DETAILS=on adds the text,
+    --health-host 0.0.0.0 opens it to other machines."""
+    import httpx
+
+    port = free_port()
+    pool = start_pool(processes, database_url, "--health-port", str(port), PIPELINE_FAIL="1", PIPELINE_BACKOFF="60")
+    await eventually(lambda: _statuses_are(database_url, ["failed"]), 30, "the first failure")
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5) as client:
+        report = (await client.get("/health")).json()["pipelines"]["acceptance"]
+        assert report["last_error_type"] == "RuntimeError" and "last_error" not in report, report
+        metrics = await client.get("/metrics")
+        assert metrics.status_code == 200 and "agora_runs_recent" in metrics.text, metrics.text[:300]
+        rebound = await client.get("/health", headers={"Host": "evil.example"})
+        assert rebound.status_code == 403
+        assert (await client.post("/health")).status_code == 405
+        assert (await client.get("/nothing")).status_code == 404
+    outside = outside_address()
+    if outside is not None:
+        with pytest.raises(httpx.ConnectError):
+            await httpx.AsyncClient(timeout=3).get(f"http://{outside}:{port}/health")
+    code, output = stop(pool)
+    assert code == 0, output
+
+    pool = start_pool(processes, database_url, "--health-port", str(port), "--health-host", "0.0.0.0",
+                      PIPELINE_FAIL="1", PIPELINE_BACKOFF="60", WORKER_HEALTH_ERROR_DETAILS="on")
+    await eventually(lambda: _health_answers(f"http://{outside or '127.0.0.1'}:{port}/health"), 30, "the health server")
+    async with httpx.AsyncClient(timeout=5) as client:
+        report = (await client.get(f"http://{outside or '127.0.0.1'}:{port}/health")).json()["pipelines"]["acceptance"]
+    assert report["last_error"].startswith("RuntimeError: source unavailable"), report
+    code, output = stop(pool)
+    assert code == 0, output
+
+
+async def _health_answers(url: str) -> bool:
+    import httpx
+
+    try:
+        async with httpx.AsyncClient(timeout=2) as client:
+            return (await client.get(url)).status_code in (200, 503)
+    except httpx.HTTPError:
+        return False
 
 
 async def test_once_runs_at_each_launch_and_once_ever_with_a_key(

@@ -44,12 +44,13 @@ class Size:
     fault: float  # seconds the fault lasts (for faults that last)
     recovery: float  # seconds of flow after the fault
     rate: float  # jobs enqueued per second
-    burst: int  # jobs of the event_burst scenario
+    burst: int  # jobs of the event_burst scenario, enqueued over 2 s
+    held_transaction: float  # seconds the idle_in_tx scenario holds its transaction open
     job_seconds: float = 0.02  # each job's work
 
 
-SHORT = Size("short", baseline=3.0, fault=6.0, recovery=11.0, rate=80.0, burst=10_000)
-FULL = Size("full", baseline=30.0, fault=60.0, recovery=60.0, rate=200.0, burst=50_000)
+SHORT = Size("short", baseline=3.0, fault=6.0, recovery=11.0, rate=80.0, burst=10_000, held_transaction=8.0)
+FULL = Size("full", baseline=30.0, fault=60.0, recovery=60.0, rate=200.0, burst=50_000, held_transaction=240.0)
 
 
 def chaos_env(database_url: str, ledger_dir: Path, **extra: str) -> dict[str, str]:
@@ -83,7 +84,8 @@ class Fleet:
 
     def start(self, count: int = 1) -> None:
         for _ in range(count):
-            log = open(self.log_dir / f"worker-{len(self.workers)}.log", "wb")  # noqa: SIM115 - the child's
+            name = f"{self.module.rsplit('.', 1)[-1]}-{len(self.workers)}.log"
+            log = open(self.log_dir / name, "wb")  # noqa: SIM115 - the child's
             process = subprocess.Popen(
                 [sys.executable, "-m", "agora_pg.cli", "worker", "--module", self.module],
                 env=self.env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import dataclasses
 import random
+import shutil
 import signal
 import statistics
 import subprocess
@@ -26,7 +27,7 @@ from agora_pg.db import migrate
 from agora_pg.db.connect import Database
 from agora_pg.db.store import Store
 from agora_pg.job_spec import JobSpec
-from tests.faults import PgProxy, PrivateServer, free_port
+from tests.faults import PgBouncer, PgProxy, PrivateServer, free_port
 
 from .harness import (
     REPO,
@@ -46,6 +47,10 @@ from .harness import (
 )
 
 LEASE_SECONDS = 2.0  # chaos_env's WORKER_LEASE_SECONDS
+
+
+class ScenarioSkipped(Exception):
+    """What the scenario needs is not on this machine (the reason)."""
 
 
 @dataclasses.dataclass
@@ -143,13 +148,16 @@ async def private_database(setup: Setup, **server_settings: str) -> AsyncIterato
 
 
 async def postgres_restart(setup: Setup, size: Size, mode: str, down_seconds: float) -> Result:
-    """Workers and the API on a server of the scenario's own, which is stopped (``mode``:
-    fast or immediate) and started again after ``down_seconds``; nothing else is restarted.
-    ``/ready`` must answer 503 during the outage and 200 after it."""
+    """Workers, the API and a WorkerPool with five schedules on a server of the scenario's
+    own, which is stopped (``mode``: fast or immediate) and started again after
+    ``down_seconds``; nothing else is restarted. ``/ready`` must answer 503 during the
+    outage and 200 after it; the schedules must run again after it, no tick twice."""
     async with private_database(setup) as (server, url):
         fleet, ledger = setup.fleet(url)
         fleet.start(2)
         await wait_workers(url, 2)
+        pools, _ = setup.fleet(url, module="tests.chaos.chaos_pool")
+        pools.start(1)
         api_port = free_port()
         api = subprocess.Popen([sys.executable, "-m", "agora_pg.cli", "api", "--port", str(api_port)],
                                env=fleet.env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -157,6 +165,7 @@ async def postgres_restart(setup: Setup, size: Size, mode: str, down_seconds: fl
         setup.track(api)
         base = f"http://127.0.0.1:{api_port}"
         await _until(lambda: _ready_status(base), lambda status: status == 200, 30)
+        back: list[float] = []
 
         async def fault() -> dict[str, Any]:
             await asyncio.to_thread(server.stop, mode)
@@ -164,6 +173,7 @@ async def postgres_restart(setup: Setup, size: Size, mode: str, down_seconds: fl
             during = await _ready_status(base)
             await asyncio.sleep(max(0.0, down_seconds - 0.5))
             await asyncio.to_thread(server.start)
+            back.append(time.time())
             return {"ready_during_outage": during}
 
         async def after() -> dict[str, Any]:
@@ -172,15 +182,36 @@ async def postgres_restart(setup: Setup, size: Size, mode: str, down_seconds: fl
 
         name = f"postgres_restart_{mode}" + ("_held" if down_seconds > LEASE_SECONDS else "")
         result = await measure_flow(name, size, url, fleet, ledger, fault, after_drain=after)
+        pool_codes = pools.stop()
         api.terminate()
         api.wait(30)
         result.notes["api_exit"] = api.returncode
-        if result.notes["ready_during_outage"] != 503 or result.notes["ready_after"] != 200:
-            result.extra_violations.append(f"/ready answered {result.notes['ready_during_outage']} during the "
-                                           f"outage and {result.notes['ready_after']} after it (503, then 200)")
-        if api.returncode != 0:
-            result.extra_violations.append(f"the API exited {api.returncode} at SIGTERM")
-        return result
+        connection = await asyncpg.connect(url)
+        try:
+            twice = await _ticks_succeeded_twice(connection)
+        finally:
+            await connection.close()
+    runs_after = sum(1 for run in _read_runs(ledger) if run["pipeline"] == "every_1s" and run["start"] > back[0])
+    result.notes.update(schedule_runs_after_restart=runs_after, pool_exit=pool_codes)
+    if result.notes["ready_during_outage"] != 503 or result.notes["ready_after"] != 200:
+        result.extra_violations.append(f"/ready answered {result.notes['ready_during_outage']} during the "
+                                       f"outage and {result.notes['ready_after']} after it (503, then 200)")
+    if api.returncode != 0:
+        result.extra_violations.append(f"the API exited {api.returncode} at SIGTERM")
+    if pool_codes != [0] or pools.killed:
+        result.extra_violations.append(f"the WorkerPool did not live through the restart: exit {pool_codes}")
+    if runs_after < size.recovery / 2:
+        result.extra_violations.append(f"every_1s ran {runs_after} times after the restart ({size.recovery} s)")
+    if twice:
+        result.extra_violations.append(f"schedule ticks that succeeded twice: {twice}")
+    return result
+
+
+async def _ticks_succeeded_twice(connection: asyncpg.Connection) -> list[str]:
+    rows = await connection.fetch(
+        "SELECT pipeline_id, scheduled_for, array_agg(id ORDER BY id) AS runs FROM agora.runs "
+        "WHERE status = 'succeeded' AND pipeline_id IS NOT NULL GROUP BY 1, 2 HAVING count(*) > 1")
+    return [f"{row['pipeline_id']}@{row['scheduled_for']}: runs {row['runs']}" for row in rows]
 
 
 async def pool_exhaustion(setup: Setup, size: Size) -> Result:
@@ -212,31 +243,62 @@ async def pool_exhaustion(setup: Setup, size: Size) -> Result:
 
 
 async def idle_in_tx(setup: Setup, size: Size) -> Result:
-    """A session holds back vacuum (``BEGIN; SELECT txid_current();`` then idle) while jobs
-    flow: throughput and the dead tuples of agora.jobs and agora.runs before, at the end of
-    the hold, and after it (autovacuum every second on the scenario's own server)."""
+    """A session holds back vacuum (``BEGIN; SELECT txid_current();`` then idle) for
+    ``size.held_transaction`` seconds while jobs flow. Reported beside the same flow
+    without the held transaction (the baseline before it and the recovery after it):
+    throughput, claim latency (a job's enqueue to its execution, p50/p99) and the dead
+    tuples of agora.jobs and agora.runs (autovacuum every second on the scenario's own
+    server)."""
     async with private_database(setup, autovacuum_naptime="1") as (_server, url):
         fleet, ledger = setup.fleet(url)
         fleet.start(2)
         await wait_workers(url, 2)
         before = await _dead_tuples(url)
+        held: dict[str, float] = {}
 
         async def fault() -> dict[str, Any]:
             holder = await asyncpg.connect(url)
             try:
                 await holder.execute("BEGIN; SELECT txid_current();")
-                await asyncio.sleep(size.fault)
+                held["from"] = time.time()
+                await asyncio.sleep(size.held_transaction)
                 during = await _dead_tuples(url)
                 await holder.execute("ROLLBACK")
+                held["to"] = time.time()
             finally:
                 await holder.close()
-            return {"dead_tuples_before": before, "dead_tuples_held": during}
+            return {"held_s": round(size.held_transaction), "dead_tuples_before": before, "dead_tuples_held": during}
 
         async def after() -> dict[str, Any]:
             await asyncio.sleep(3)  # an autovacuum round or two
             return {"dead_tuples_after": await _dead_tuples(url)}
 
-        return await measure_flow("idle_in_tx", size, url, fleet, ledger, fault, after_drain=after)
+        result = await measure_flow("idle_in_tx", size, url, fleet, ledger, fault, after_drain=after)
+        windows = {"before": (held["from"] - size.baseline + 1.0, held["from"]), "held": (held["from"], held["to"]),
+                   "after": (held["to"], held["to"] + size.recovery)}
+        result.notes["claim_ms_p50/p99"] = await _claim_latency(url, ledger, windows)
+        return result
+
+
+async def _claim_latency(url: str, ledger: Path, windows: dict[str, tuple[float, float]]) -> str:
+    """For the jobs enqueued in each window (start, end): p50/p99 milliseconds from the
+    enqueue to the first execution."""
+    first: dict[int, float] = {}
+    for execution in read_ledger(ledger):
+        first.setdefault(execution.job_id, execution.at)
+    connection = await asyncpg.connect(url)
+    try:
+        rows = await connection.fetch("SELECT id, extract(epoch FROM created_at)::float8 AS enqueued FROM agora.jobs "
+                                      "WHERE id = any($1::bigint[])", list(first))
+    finally:
+        await connection.close()
+    parts = []
+    for name, (start, end) in windows.items():
+        latencies = sorted((first[row["id"]] - row["enqueued"]) * 1000 for row in rows if start <= row["enqueued"] < end)
+        if latencies:
+            p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
+            parts.append(f"{name} {statistics.median(latencies):.0f}/{p99:.0f}")
+    return ", ".join(parts)
 
 
 async def _dead_tuples(url: str) -> str:
@@ -317,6 +379,59 @@ async def server_errors(setup: Setup, size: Size) -> Result:
         return {"statements_cancelled": cancelled}
 
     return await measure_flow("server_errors", size, setup.database_url, fleet, ledger, fault)
+
+
+async def role_connection_limit(setup: Setup, size: Size) -> Result:
+    """Workers log in as a role with a connection limit. For the fault, the limit is
+    lowered to the connections the role holds less its LISTEN connections, and those are
+    terminated: the listeners' reconnections (and any other new connection of the
+    workers) are refused (too many connections for role) until the limit is raised again.
+    Workers stay up, keep working on the connections they hold and lose nothing; after
+    the fault the listeners are back (workers poll only every 5 s, so a missing listener
+    shows in the wake-up latency)."""
+    async with private_database(setup) as (_server, url):
+        admin = await asyncpg.connect(url)
+        try:
+            await admin.execute("CREATE ROLE chaos_worker LOGIN CONNECTION LIMIT 50")
+            await admin.execute("GRANT pg_read_all_data, pg_write_all_data TO chaos_worker")
+        finally:
+            await admin.close()
+        worker_url = url.replace("postgresql://postgres@", "postgresql://chaos_worker@", 1)
+        fleet, ledger = setup.fleet(worker_url, WORKER_POLL_SECONDS="5")
+        fleet.start(2)
+        await wait_workers(url, 2)
+        before = statistics.median([await wake_up_latency(url, ledger) for _ in range(3)])
+
+        async def fault() -> dict[str, Any]:
+            admin = await asyncpg.connect(url)
+            try:
+                held, listeners = await admin.fetchrow(
+                    "SELECT count(*), count(*) FILTER (WHERE query ILIKE 'LISTEN%') FROM pg_stat_activity "
+                    "WHERE usename = 'chaos_worker'")
+                await admin.execute(f"ALTER ROLE chaos_worker CONNECTION LIMIT {held - listeners}")
+                await admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                    "WHERE usename = 'chaos_worker' AND query ILIKE 'LISTEN%'")
+                await asyncio.sleep(size.fault)
+                await admin.execute("ALTER ROLE chaos_worker CONNECTION LIMIT 50")
+            finally:
+                await admin.close()
+            return {"role_limit": held - listeners, "listeners_terminated": listeners}
+
+        async def after() -> dict[str, Any]:
+            await asyncio.sleep(1.0)  # the listeners' reconnection pause
+            latencies = [await wake_up_latency(url, ledger) for _ in range(3)]
+            return {"wake_up_ms_before": round(before * 1000),
+                    "wake_up_ms_after": round(statistics.median(latencies) * 1000)}
+
+        result = await measure_flow("role_connection_limit", size, url, fleet, ledger, fault, after_drain=after)
+    refusals = sum(path.read_text(errors="replace").count("too many connections for role")
+                   for path in (setup.workdir / "logs").glob("*.log"))
+    result.notes["refused_reconnects_logged"] = refusals
+    if not result.notes["listeners_terminated"] or not refusals:
+        result.extra_violations.append("no listener reconnect was refused: the fault did not happen")
+    if result.notes["wake_up_ms_after"] > max(1000, 3 * result.notes["wake_up_ms_before"]):
+        result.extra_violations.append(f"wake-up after the fault {result.notes['wake_up_ms_after']} ms")
+    return result
 
 
 async def lost_reply(setup: Setup, size: Size) -> Result:
@@ -400,6 +515,81 @@ async def network_stall(setup: Setup, size: Size) -> Result:
     return result
 
 
+async def pgbouncer(setup: Setup, size: Size) -> Result:
+    """Workers and the API reach the server through PgBouncer in transaction pooling mode,
+    with the documented settings (``AGORA_PG_TRANSACTION_POOLING=on``; LISTEN straight to
+    the server through ``AGORA_PG_LISTEN_DATABASE_URL`` for two workers, none for the
+    third, which polls). The fault: a worker killed with SIGKILL (and replaced), then
+    PgBouncer itself killed with SIGKILL and started again a second later. Jobs posted to
+    the API before and after the fault run; ``/ready`` is 200 after it."""
+    if shutil.which("pgbouncer") is None:
+        raise ScenarioSkipped("pgbouncer is not installed (apt-get install -y pgbouncer; .ci/run installs it)")
+    async with private_database(setup) as (server, url):
+        bouncer = PgBouncer(setup.workdir / "pgbouncer", server.socket_dir, server.port,
+                            run_as=server.system_user).start()
+        try:
+            bounced = bouncer.url("chaos")
+            fleet, ledger = setup.fleet(bounced, AGORA_PG_TRANSACTION_POOLING="on", AGORA_PG_LISTEN_DATABASE_URL=url)
+            fleet.start(2)
+            listening_env = fleet.env
+            fleet.env = {k: v for k, v in fleet.env.items() if k != "AGORA_PG_LISTEN_DATABASE_URL"}
+            fleet.start(1)
+            fleet.env = listening_env
+            await wait_workers(url, 3)
+            api_port = free_port()
+            api = subprocess.Popen([sys.executable, "-m", "agora_pg.cli", "api", "--port", str(api_port)],
+                                   env=fleet.env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                   start_new_session=True)
+            setup.track(api)
+            base = f"http://127.0.0.1:{api_port}"
+            await _until(lambda: _ready_status(base), lambda status: status == 200, 30)
+            posted = [await _post_job(base)]
+            rng = random.Random(setup.seed)
+
+            async def fault() -> dict[str, Any]:
+                fleet.kill_random(rng)
+                fleet.start(1)
+                await asyncio.sleep(size.fault / 2)
+                await asyncio.to_thread(bouncer.kill)
+                await asyncio.sleep(1.0)
+                await asyncio.to_thread(bouncer.start)
+                await asyncio.sleep(max(0.0, size.fault / 2 - 1.0))
+                return {}
+
+            async def after() -> dict[str, Any]:
+                posted.append(await _until(lambda: _post_job(base), lambda job_id: job_id is not None, 30))
+                ready = await _until(lambda: _ready_status(base), lambda status: status == 200, 30)
+                await wait_drained(url, 30)
+                return {"ready_after": ready}
+
+            result = await measure_flow("pgbouncer", size, url, fleet, ledger, fault, after_drain=after)
+            api.terminate()
+            api.wait(30)
+        finally:
+            bouncer.stop()
+        connection = await asyncpg.connect(url)
+        try:
+            posted_status = [await connection.fetchval("SELECT status FROM agora.jobs WHERE id = $1", job_id)
+                             for job_id in posted if job_id is not None]
+        finally:
+            await connection.close()
+    result.notes.update(api_jobs=posted_status, api_exit=api.returncode)
+    if posted_status != ["done", "done"]:
+        result.extra_violations.append(f"jobs posted to the API through PgBouncer: {posted} {posted_status}")
+    if result.notes["ready_after"] != 200 or api.returncode != 0:
+        result.extra_violations.append(f"/ready {result.notes['ready_after']} after the fault, API exit {api.returncode}")
+    return result
+
+
+async def _post_job(base: str) -> int | None:
+    try:
+        async with httpx.AsyncClient(timeout=5) as client:
+            response = await client.post(f"{base}/jobs", json={"kind": "work", "payload": {"seconds": 0}})
+    except httpx.HTTPError:
+        return None
+    return int(response.json()["id"]) if response.status_code == 201 else None
+
+
 def _server_of(url: str) -> tuple[str, int, str]:
     """(host or socket directory, port, database) of a libpq-style URL."""
     parts = urlsplit(url)
@@ -461,8 +651,8 @@ async def pg_backend_kill(setup: Setup, size: Size) -> Result:
 
 
 async def event_burst(setup: Setup, size: Size) -> Result:
-    """``size.burst`` jobs enqueued as fast as possible while 2 workers drain; then the
-    wake-up latency of a single job."""
+    """``size.burst`` jobs enqueued in 2 s (batches of 1,000, paced evenly) while 2
+    workers drain; then the wake-up latency of a single job."""
     fleet, ledger = setup.fleet()
     fleet.start(2)
     await wait_workers(setup.database_url, 2)
@@ -470,8 +660,10 @@ async def event_burst(setup: Setup, size: Size) -> Result:
     acknowledged: list[int] = []
     try:
         started = time.time()
-        for offset in range(0, size.burst, 5000):
-            batch = [JobSpec("work", {"seconds": 0}) for _ in range(min(5000, size.burst - offset))]
+        batches = range(0, size.burst, 1000)
+        for number, offset in enumerate(batches):
+            await asyncio.sleep(max(0.0, started + 2.0 * number / len(batches) - time.time()))
+            batch = [JobSpec("work", {"seconds": 0}) for _ in range(min(1000, size.burst - offset))]
             acknowledged += [job.id for job, _ in await store.enqueue(batch)]
         enqueue_seconds = time.time() - started
     finally:
@@ -576,8 +768,7 @@ async def schedules_under_faults(setup: Setup, size: Size) -> Result:
             runs = await connection.fetch("SELECT pipeline_id, status, count(*) AS n FROM agora.runs "
                                           "GROUP BY 1, 2 ORDER BY 1, 2")
             schedules = await connection.fetch("SELECT pipeline_id, state, consecutive_errors FROM agora.schedules")
-            twice = await connection.fetchval("SELECT count(*) FROM (SELECT 1 FROM agora.runs WHERE status = "
-                                              "'succeeded' GROUP BY pipeline_id, scheduled_for HAVING count(*) > 1) t")
+            twice = await _ticks_succeeded_twice(connection)
             status_of = {str(row["id"]): row["status"] for row in await connection.fetch("SELECT id, status FROM agora.runs")}
         finally:
             await connection.close()
@@ -610,7 +801,7 @@ async def schedules_under_faults(setup: Setup, size: Size) -> Result:
     if overlaps:
         result.extra_violations.append(f"overlapping runs: {overlaps[:3]}")
     if twice:
-        result.extra_violations.append(f"{twice} ticks succeeded twice")
+        result.extra_violations.append(f"ticks that succeeded twice: {twice}")
     if once_runs != 1:
         result.extra_violations.append(f"the once schedule succeeded {once_runs} times")
     if unexplained:
@@ -653,6 +844,8 @@ SCENARIOS: dict[str, Callable[[Setup, Size], Awaitable[Result]]] = {
     "lost_reply": lost_reply,
     "bad_handlers": bad_handlers,
     "server_errors": server_errors,
+    "role_connection_limit": role_connection_limit,
     "network_stall": network_stall,
     "schedules_under_faults": schedules_under_faults,
+    "pgbouncer": pgbouncer,
 }

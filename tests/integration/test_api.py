@@ -12,6 +12,7 @@ from litestar.testing import AsyncTestClient
 from agora_pg.api import create_app
 from agora_pg.db.schedule_rows import ScheduleRegistration
 from agora_pg.db.store import Store
+from agora_pg.job_spec import JobSpec
 
 from .helpers import record_failure
 from agora_pg.settings import Settings
@@ -23,7 +24,7 @@ def api_client(settings: Settings) -> AsyncTestClient:  # type: ignore[type-arg]
     """Litestar's test client on an app that opens its own Store in its lifespan: the
     client runs the app in a thread of its own, whose event loop the test's ``store``
     (used here to set up and check rows) must not be shared with."""
-    return AsyncTestClient(app=create_app(settings))
+    return AsyncTestClient(app=create_app(settings), base_url="http://api.localhost:8000")
 
 
 @pytest.fixture
@@ -338,6 +339,98 @@ async def test_token_guards_everything_but_the_probes(store: Store, settings: Se
     assert len(await store.list_jobs({}, 10)) == 1
 
 
+async def test_without_a_token_cross_site_and_rebound_requests_are_refused(store: Store, settings: Settings) -> None:
+    """A page the developer visits can neither write (a cross-site POST) nor read through
+    DNS rebinding (its own name pointed at 127.0.0.1) an API that has no token."""
+    await _register(store, "p1")
+    async with api_client(settings) as client:
+        for method, path in (("POST", "/jobs"), ("POST", "/schedules/p1/pause"), ("GET", "/jobs")):
+            cross_site = await client.request(method, path, json={"kind": "k"} if path == "/jobs" else None,
+                                              headers={"Origin": "https://evil.example"})
+            assert cross_site.status_code == 403, cross_site.text
+            assert "AGORA_PG_API_ALLOWED_ORIGINS" in cross_site.json()["detail"]
+        rebound = await client.get("/jobs", headers={"Host": "evil.example:8000"})
+        assert rebound.status_code == 403 and "Host: evil.example:8000" in rebound.json()["detail"]
+        for host in ("127.0.0.1:8000", "[::1]:8000", "app.localhost", "localhost"):
+            assert (await client.get("/jobs", headers={"Host": host})).status_code == 200, host
+        same_origin = await client.post("/jobs", json={"kind": "k"}, headers={"Origin": "http://api.localhost:8000"})
+        assert same_origin.status_code == 201, same_origin.text
+    allowed = settings.replace(api_allowed_origins=("http://localhost:3000",))
+    async with api_client(allowed) as client:
+        response = await client.post("/jobs", json={"kind": "k"}, headers={"Origin": "http://localhost:3000"})
+        assert response.status_code == 201, response.text
+    async with api_client(settings.replace(api_token=TOKEN)) as client:  # the token is the protection
+        response = await client.post("/jobs", json={"kind": "k"}, headers={
+            "Origin": "https://evil.example", "Host": "api.example", "Authorization": f"Bearer {TOKEN}"})
+        assert response.status_code == 201, response.text
+    assert len(await store.list_jobs({}, 10)) == 3
+    paused = await store.get_schedule("p1")
+    assert paused is not None and paused.state == "active"
+
+
+async def test_without_a_token_the_app_answers_no_remote_client_whatever_serves_it(settings: Settings) -> None:
+    """The app itself (not only ``agora-pg api``) refuses a client whose address is not
+    loopback when it has no token; ``allow_remote`` (``--insecure``) lets it through."""
+    app = create_app(settings)
+    remote = httpx.ASGITransport(app=app, client=("192.0.2.7", 40000))
+    async with httpx.AsyncClient(transport=remote, base_url="http://api.localhost:8000") as client:
+        response = await client.get("/health")
+    assert response.status_code == 403 and "clients on this machine" in response.json()["detail"]
+    insecure = httpx.ASGITransport(app=create_app(settings, allow_remote=True), client=("192.0.2.7", 40000))
+    async with httpx.AsyncClient(transport=insecure, base_url="http://api.example:8000") as client:
+        assert (await client.get("/health")).status_code == 200
+        cross_site = await client.post("/jobs", json={"kind": "k"}, headers={"Origin": "https://evil.example"})
+        assert cross_site.status_code == 403
+
+
+async def test_times_the_database_cannot_hold_are_a_400_naming_the_field(client: httpx.AsyncClient) -> None:
+    for run_at in ("0001-01-01T00:00:00Z", "9999-12-31T23:59:59.999999Z", "9999-12-31T23:59:59-14:00"):
+        response = await client.post("/jobs", json={"kind": "k", "run_at": run_at})
+        assert response.status_code == 400, (run_at, response.text)
+        assert response.json()["field"] == "run_at" and "between 1970-01-01 and 9000-01-01" in response.json()["detail"]
+    for query in ("since=0001-01-01T00:00:00%2B14:00", "until=9999-12-31T23:59:59-14:00"):
+        response = await client.get(f"/runs?{query}")
+        assert response.status_code == 400, (query, response.text)
+        assert response.json()["field"] == query.split("=")[0]
+    assert (await client.get("/metrics")).status_code == 200
+    assert (await client.get("/jobs")).json()["items"] == []
+
+
+async def test_deep_nesting_and_repeated_keys_are_a_400(client: httpx.AsyncClient) -> None:
+    for depth in (65, 975, 5000):
+        body = '{"kind": "k", "payload": {"x": ' + "[" * (depth - 1) + "]" * (depth - 1) + "}}"
+        response = await client.post("/jobs", content=body, headers={"content-type": "application/json"})
+        assert response.status_code == 400, (depth, response.text[:300])
+        assert "nested deeper than 64 levels" in response.json()["detail"]
+    ok = '{"kind": "k", "payload": {"x": ' + "[" * 63 + "]" * 63 + "}}"
+    response = await client.post("/jobs", content=ok, headers={"content-type": "application/json"})
+    assert response.status_code == 201, response.text[:300]
+    for body in ('{"kind": "a", "kind": "b"}', '{"kind": "a", "payload": {"n": 1, "n": 2}}'):
+        response = await client.post("/jobs", content=body, headers={"content-type": "application/json"})
+        assert response.status_code == 400 and "appears twice" in response.json()["detail"], response.text
+    text = await client.post("/jobs", json={"kind": "k", "payload": {"path": "C:\\u0000"}})
+    assert text.status_code == 201 and text.json()["payload"] == {"path": "C:\\u0000"}, text.text
+    assert len((await client.get("/jobs")).json()["items"]) == 2
+
+
+async def test_job_ids_in_paths_are_plain_digits(client: httpx.AsyncClient) -> None:
+    created = (await client.post("/jobs", json={"kind": "k"})).json()
+    assert (await client.get(f"/jobs/{created['id']}")).status_code == 200
+    for path in ("/jobs/01", "/jobs/+1", "/jobs/%D9%A3", "/jobs/01/retry", "/jobs/+1/cancel"):
+        method = "POST" if path.count("/") == 3 else "GET"
+        response = await client.request(method, path)
+        assert response.status_code == 404, (path, response.text)
+    assert (await client.get(f"/jobs/{created['id']}")).json()["status"] == "pending"
+
+
+async def test_metrics_name_the_busiest_queues_and_sum_the_rest(client: httpx.AsyncClient, store: Store) -> None:
+    await store.enqueue([JobSpec("k", queue=f"q{n:03d}") for n in range(80)])
+    text = (await client.get("/metrics")).text
+    queues = {line.split('queue="')[1].split('"')[0] for line in text.splitlines() if line.startswith("agora_jobs{")}
+    assert len(queues) == 51 and "other" in queues, sorted(queues)
+    assert 'agora_jobs{queue="other",status="pending"} 30.0' in text
+
+
 async def test_a_body_not_sent_as_json_empty_or_broken_is_refused_saying_why(client: httpx.AsyncClient) -> None:
     for content_type in ("text/plain", "application/x-www-form-urlencoded"):
         response = await client.post("/jobs", content=b'{"kind": "k"}', headers={"content-type": content_type})
@@ -365,11 +458,14 @@ async def test_a_body_not_sent_as_json_empty_or_broken_is_refused_saying_why(cli
 async def test_a_database_that_is_down_is_a_503_that_does_not_show_where_it_is(
     settings: Settings, caplog: pytest.LogCaptureFixture
 ) -> None:
-    down = settings.replace(database_url="postgresql://secret_user@127.0.0.1:1/agora", database_timeout=2)
+    down = settings.replace(database_url="postgresql://secret_user@127.0.0.1:1/agora?password=hunter2",
+                            database_timeout=2)
     async with api_client(down) as client:
         for response in (await client.post("/jobs", json={"kind": "k"}), await client.get("/ready"),
                          await client.get("/jobs")):
             assert response.status_code == 503, response.text
             assert "secret_user" not in response.text and "127.0.0.1" not in response.text
+            assert "hunter2" not in response.text and "agora" not in response.text.replace("agora-pg", "")
             assert "the database is unavailable" in response.text
-    assert "secret_user" in caplog.text  # the operator still learns where it tried
+    assert "secret_user" in caplog.text  # the operator still learns where it tried...
+    assert "hunter2" not in caplog.text and "password=***" in caplog.text  # ...but not the password

@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def compose() -> dict[str, dict[str, object]]:
     text = (REPO / "docker-compose.yml").read_text()
-    text = re.sub(r"\$\{AGORA_PG_API_TOKEN:\?[^}]*\}", "t" * 32, text)  # what the operator must set
+    text = re.sub(r"\$\{AGORA_PG_API_TOKEN:\?[^}]*\}", "0123456789abcdef" * 2, text)  # what the operator must set
     services: dict[str, dict[str, object]] = yaml.safe_load(text)["services"]
     return services
 

@@ -1,5 +1,5 @@
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
@@ -84,3 +84,30 @@ def test_text_postgresql_cannot_hold_is_refused(field: str) -> None:
     with pytest.raises(InvalidJob) as caught:
         JobSpec(**kwargs)  # type: ignore[arg-type]
     assert caught.value.field == field and "UTF-8" in caught.value.problem
+
+
+def test_a_backslash_then_u0000_is_text_not_a_nul() -> None:
+    assert JobSpec("k", {"path": "C:\\u0000"}).payload_json() == '{"path":"C:\\\\u0000"}'
+    assert JobSpec("k", {"x": "\\\\\\u0000"}).payload_json()  # three backslashes, then u0000: text
+    with pytest.raises(InvalidJob, match="NUL"):
+        JobSpec("k", {"x": "\\\x00"}).payload_json()  # a backslash, then a real NUL
+    with pytest.raises(InvalidJob, match="NUL"):
+        batch_document([JobSpec("k", {"x": "ok"}), JobSpec("k", {"x": "a\x00"})])
+
+
+@pytest.mark.parametrize("run_at", [
+    datetime(1, 1, 1, tzinfo=UTC),
+    datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
+    datetime(9999, 12, 31, 23, 59, 59, tzinfo=timezone(timedelta(hours=-14))),
+    datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=14))),
+    datetime(1969, 12, 31, 23, 59, tzinfo=UTC),
+])
+def test_times_the_database_cannot_hold_are_refused(run_at: datetime) -> None:
+    with pytest.raises(InvalidJob, match="run_at: must be between 1970-01-01 and 9000-01-01"):
+        JobSpec("k", run_at=run_at)
+
+
+def test_queue_names_are_short_enough_for_labels() -> None:
+    JobSpec("k", queue="q" * 100)
+    with pytest.raises(InvalidJob, match="queue: longer than 100 characters"):
+        JobSpec("k", queue="q" * 101)

@@ -2,6 +2,7 @@ from pathlib import Path
 
 import pytest
 
+from agora_pg.db.connect import Database
 from agora_pg.errors import ConfigError
 from agora_pg.settings import Settings, load_settings, parse_queues
 
@@ -87,3 +88,59 @@ def test_health_port_from_the_environment() -> None:
     assert load_settings({"WORKER_HEALTH_PORT": "0"}).health_port == 0
     with pytest.raises(ConfigError, match="WORKER_HEALTH_PORT: must be a port number"):
         load_settings({"WORKER_HEALTH_PORT": "70000"})
+
+
+def test_transaction_pooling_turns_notifications_off_unless_listen_goes_elsewhere() -> None:
+    pooled = load_settings({"AGORA_PG_TRANSACTION_POOLING": "on"})
+    assert pooled.transaction_pooling and not pooled.notifications
+    direct = load_settings({"AGORA_PG_TRANSACTION_POOLING": "on",
+                            "AGORA_PG_LISTEN_DATABASE_URL": "postgresql://db:5432/app"})
+    assert direct.notifications and direct.listen_database_url == "postgresql://db:5432/app"
+    assert load_settings({}).notifications and not load_settings({}).transaction_pooling
+
+
+def test_listen_through_a_transaction_pooler_is_refused() -> None:
+    with pytest.raises(ConfigError, match="WORKER_NOTIFICATIONS.*AGORA_PG_LISTEN_DATABASE_URL"):
+        load_settings({"AGORA_PG_TRANSACTION_POOLING": "on", "WORKER_NOTIFICATIONS": "on"})
+
+
+def test_database_from_settings_carries_pooling_and_listen_url() -> None:
+    settings = load_settings({"AGORA_PG_TRANSACTION_POOLING": "on",
+                              "AGORA_PG_LISTEN_DATABASE_URL": "postgres://u@db/app"})
+    database = Database.from_settings(settings, "postgresql://u@bouncer:6432/app")
+    assert database.connect_options == {"statement_cache_size": 0}
+    assert database.asyncpg_listen_url == "postgresql://u@db/app"
+    assert Database("postgresql://u@db/app").asyncpg_listen_url == "postgresql://u@db/app"
+    with pytest.raises(ConfigError, match="AGORA_PG_LISTEN_DATABASE_URL"):
+        Database("postgresql://u@db/app", listen_url="mysql://u@db/app")
+
+
+@pytest.mark.parametrize(("token", "problem"), [
+    (" s3cret-token-0123456789", "leading or trailing spaces"),
+    ("s3cret-token-0123456789\n", "leading or trailing spaces"),
+    ("aaaaaaaaaaaaaaaaaaaa", "fewer than 8 different characters"),
+    ("abababababababababab", "fewer than 8 different characters"),
+])
+def test_a_token_no_client_could_send_or_anyone_could_guess_is_refused(token: str, problem: str) -> None:
+    with pytest.raises(ConfigError, match=problem):
+        load_settings({"AGORA_PG_API_TOKEN": token})
+
+
+def test_allowed_origins_are_origins() -> None:
+    settings = load_settings({"AGORA_PG_API_ALLOWED_ORIGINS": "http://localhost:3000, https://ops.example"})
+    assert settings.api_allowed_origins == ("http://localhost:3000", "https://ops.example")
+    with pytest.raises(ConfigError, match="AGORA_PG_API_ALLOWED_ORIGINS.*'https://ops.example/app'"):
+        load_settings({"AGORA_PG_API_ALLOWED_ORIGINS": "https://ops.example/app"})
+
+
+@pytest.mark.parametrize(("url", "shown"), [
+    ("postgresql://app:pw@db:5432/app", "postgresql://app:***@db:5432/app"),
+    ("postgresql://app:p%40ss:w@db/app", "postgresql://app:***@db/app"),
+    ("postgresql://app@db/app?password=hunter2&sslmode=require",
+     "postgresql://app@db/app?password=***&sslmode=require"),
+    ("postgresql://app@db/app?sslpassword=k3y&PASSWORD=x", "postgresql://app@db/app?sslpassword=***&PASSWORD=***"),
+    ("postgresql://postgres@/postgres?host=/tmp/sock&port=5432", "postgresql://postgres@/postgres?host=/tmp/sock&port=5432"),
+])
+def test_every_secret_a_url_can_hold_is_masked(url: str, shown: str) -> None:
+    assert Database(url).display_url == shown
+    assert "hunter2" not in Database(url).display_url
