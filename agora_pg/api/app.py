@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import AsyncIterator
 
 from litestar import Litestar
 from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
+from litestar.routes import HTTPRoute
+from litestar._openapi.plugin import OpenAPIPlugin  # (its cached document is what /schema serves)
 
+from agora_pg.api import openapi
 from agora_pg.api.auth import token_guard
 from agora_pg.api.errors import error_response
 from agora_pg.api.exposure import local_only
@@ -42,7 +46,7 @@ def create_app(settings: Settings, *, allow_remote: bool = False) -> Litestar:
             finally:
                 await store.close()
 
-    return Litestar(
+    app = Litestar(
         route_handlers=[JobController, ScheduleController, RunController, health, ready, metrics],
         dependencies={
             "store": Provide(_store, sync_to_thread=False),
@@ -57,6 +61,26 @@ def create_app(settings: Settings, *, allow_remote: bool = False) -> Litestar:
         openapi_config=OpenAPIConfig(title="agora-pg", version=API_VERSION, path="/schema"),
         logging_config=None,  # the process's logging stays as its command set it up
     )
+    openapi.correct(app.plugins.get(OpenAPIPlugin).provide_openapi_schema(), token=bool(settings.api_token))
+    _allow_names_every_method(app)
+    return app
+
+
+def _allow_names_every_method(app: Litestar) -> None:
+    """Litestar answers OPTIONS with the methods of the route it built for a path's first
+    handler; when another method joins the path later (GET beside POST on /jobs), that
+    answer's ``Allow`` still names the first method only. Point each automatic OPTIONS
+    answer at the route that serves its path."""
+    for route in app.routes:
+        if not isinstance(route, HTTPRoute):
+            continue
+        for handler in route.route_handlers:
+            answer = inspect.unwrap(handler.fn)
+            if getattr(answer, "__name__", "") != "options_handler":
+                continue
+            for cell in getattr(answer, "__closure__", None) or ():
+                if isinstance(cell.cell_contents, HTTPRoute):
+                    cell.cell_contents = route
 
 
 def _store(state: State) -> Store:

@@ -11,6 +11,7 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 
+from agora_pg.api import params
 from agora_pg.api.schemas import ErrorBody
 from agora_pg.errors import (
     AgoraError,
@@ -68,9 +69,12 @@ async def check_json_body(request: Request[Any, Any, Any]) -> None:
         raise BadBody('the request body is empty: send a JSON object, e.g. {"kind": "send_email"}')
     if nesting_depth(body, MAX_PAYLOAD_DEPTH + 1) > MAX_PAYLOAD_DEPTH + 1:
         raise InvalidArgument("payload", f"nested deeper than {MAX_PAYLOAD_DEPTH} levels of arrays and objects")
-    duplicate = duplicate_key(body)
+    document, duplicate = strict_json(body)
     if duplicate is not None:
         raise BadBody(f"the key {duplicate[:100]!r} appears twice in one object: send each key once")
+    run_at = document.get("run_at") if isinstance(document, dict) else None
+    if run_at is not None:  # (msgspec alone would read a number, or digits, as seconds since 1970)
+        params.timestamp("run_at", run_at if isinstance(run_at, str) else json.dumps(run_at))
     if _SURROGATE_ESCAPE.search(body):
         try:
             json.dumps(json.loads(body), ensure_ascii=False).encode("utf-8")
@@ -100,9 +104,9 @@ class _DuplicateKey(Exception):
     pass
 
 
-def duplicate_key(body: bytes) -> str | None:
-    """The first key repeated within one object of a JSON body, or None (also for text
-    that is not JSON: its own parser says why)."""
+def strict_json(body: bytes) -> tuple[Any, str | None]:
+    """(the document, the first key repeated within one of its objects or None); the
+    document is None for text that is not JSON (its own parser says why)."""
 
     def pairs(items: list[tuple[str, object]]) -> dict[str, object]:
         seen: dict[str, object] = {}
@@ -113,12 +117,16 @@ def duplicate_key(body: bytes) -> str | None:
         return seen
 
     try:
-        json.loads(body, object_pairs_hook=pairs)
+        return json.loads(body, object_pairs_hook=pairs), None
     except _DuplicateKey as duplicate:
-        return str(duplicate.args[0])
+        return None, str(duplicate.args[0])
     except (ValueError, RecursionError):
-        return None
-    return None
+        return None, None
+
+
+def duplicate_key(body: bytes) -> str | None:
+    """The first key repeated within one object of a JSON body, or None."""
+    return strict_json(body)[1]
 
 
 def status_of(error: AgoraError) -> int:

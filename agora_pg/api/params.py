@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 
 from agora_pg.errors import InvalidArgument
@@ -28,6 +29,15 @@ def cursor_id(cursor: str | None) -> int | None:
     return int(cursor)
 
 
+def job_id_filter(text: str | None) -> int | None:
+    """A job id given as query text: plain decimal digits of a possible id."""
+    if text is None:
+        return None
+    if not re.fullmatch(r"[1-9][0-9]{0,18}", text) or not possible_job_id(int(text)):
+        raise InvalidArgument("job_id", f"no job can have id {text[:40]!r} (ids are plain decimal numbers)")
+    return int(text)
+
+
 def next_cursor(ids: list[int], limit: int) -> str | None:
     """A full page may have more after it; a short one is the last."""
     return str(ids[-1]) if len(ids) == limit else None
@@ -37,12 +47,31 @@ def text_filter(field: str, value: str | None) -> str | None:
     """A name to compare with a column: text PostgreSQL can hold."""
     if value is None:
         return None
+    if not value.strip():
+        raise InvalidArgument(field, "must not be empty (leave the parameter out to match any)")
     if "\x00" in value:
         raise InvalidArgument(field, "must not contain NUL characters")
     if len(value) > 1000:
         raise InvalidArgument(field, "longer than 1000 characters")
     _encodable(field, value)
     return value
+
+
+_TIMESTAMP_START = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ]")
+
+
+def timestamp(field: str, text: str | None) -> datetime | None:
+    """An RFC 3339 timestamp given as text (not a number of seconds), aware and in range."""
+    if text is None:
+        return None
+    problem = "expected an RFC 3339 timestamp with a time zone, such as 2026-01-01T00:00:00Z"
+    if not _TIMESTAMP_START.match(text):
+        raise InvalidArgument(field, f"{problem}, got {text[:40]!r}")
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidArgument(field, f"{problem}, got {text[:40]!r}") from None
+    return aware(field, value)
 
 
 def aware(field: str, value: datetime | None) -> datetime | None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated
 
 from litestar import Controller, get
@@ -12,8 +11,7 @@ from litestar.params import FromQuery, QueryParameter
 from agora_pg.api import params
 from agora_pg.api.schemas import RunOut, RunPage
 from agora_pg.db.store import Store
-from agora_pg.errors import InvalidArgument
-from agora_pg.jobs import RunStatus, possible_job_id
+from agora_pg.jobs import RunStatus
 
 
 class RunController(Controller):
@@ -25,22 +23,20 @@ class RunController(Controller):
         self,
         store: NamedDependency[Store],
         pipeline_id: FromQuery[str | None] = None,
-        job_id: FromQuery[int | None] = None,
+        job_id: FromQuery[str | None] = None,
         status: FromQuery[RunStatus | None] = None,
-        since: FromQuery[datetime | None] = None,
-        until: FromQuery[datetime | None] = None,
+        since: FromQuery[str | None] = None,
+        until: FromQuery[str | None] = None,
         limit: Annotated[int, QueryParameter(ge=1, le=params.MAX_LIMIT)] = params.DEFAULT_LIMIT,
         cursor: FromQuery[str | None] = None,
     ) -> RunPage:
         """Runs newest first; ``since``/``until`` bound their start time; page on with ``cursor``."""
-        if job_id is not None and not possible_job_id(job_id):
-            raise InvalidArgument("job_id", f"no job can have id {job_id}")
         filters = {
             "pipeline_id": params.text_filter("pipeline_id", pipeline_id),
-            "job_id": job_id,
+            "job_id": params.job_id_filter(job_id),
             "status": None if status is None else status.value,
-            "since": params.aware("since", since),
-            "until": params.aware("until", until),
+            "since": params.timestamp("since", since),
+            "until": params.timestamp("until", until),
             "before_id": params.cursor_id(cursor),
         }
         runs = await store.list_runs(filters, params.page_limit(limit))

@@ -33,7 +33,7 @@ from agora_pg.db.store import Store
 from agora_pg.settings import load_settings
 
 from .harness import FULL, SHORT, Result, table
-from .scenarios import SCENARIOS, Setup
+from .scenarios import SCENARIOS, ScenarioSkipped, Setup
 
 BEGIN, END = "<!-- chaos report: begin -->", "<!-- chaos report: end -->"
 
@@ -82,7 +82,11 @@ async def main() -> int:
         for name in args.only or list(SCENARIOS):
             print(f"running {name} ({args.size}) ...", file=sys.stderr, flush=True)
             with tempfile.TemporaryDirectory(prefix=f"chaos-{name}-") as workdir:
-                result = await run_one(server.asyncpg_url, name, args.size, Path(workdir))
+                try:
+                    result = await run_one(server.asyncpg_url, name, args.size, Path(workdir))
+                except ScenarioSkipped as reason:
+                    print(f"skipped {name}: {reason}", file=sys.stderr, flush=True)
+                    continue
             results.append(result)
             print(table([result]).splitlines()[-1], file=sys.stderr, flush=True)
     failing = {r.scenario: r.violations() for r in results if r.violations()}

@@ -80,7 +80,7 @@ async def test_post_job_keeps_every_field(client: httpx.AsyncClient) -> None:
         ({"kind": "a\u0000b"}, "kind", "NUL"),
         ({"payload": {}}, "kind", "required"),
         ({"kind": "k", "run_at": "2030-01-01T00:00:00"}, "run_at", "timezone"),
-        ({"kind": "k", "run_at": "tomorrow"}, "run_at", "datetime"),
+        ({"kind": "k", "run_at": "tomorrow"}, "run_at", "RFC 3339"),
         ({"kind": "k", "max_retries": -1}, "max_retries", ">= 0"),
         ({"kind": "k", "priority": 2**40}, "priority", "<="),
         ({"kind": "k", "payload": {"text": "nul \u0000 inside"}}, "payload", "NUL"),
@@ -394,6 +394,33 @@ async def test_times_the_database_cannot_hold_are_a_400_naming_the_field(client:
         assert response.json()["field"] == query.split("=")[0]
     assert (await client.get("/metrics")).status_code == 200
     assert (await client.get("/jobs")).json()["items"] == []
+
+
+async def test_times_are_rfc_3339_text_not_seconds(client: httpx.AsyncClient) -> None:
+    for run_at in (1767225600, "1767225600", 1.5, True):
+        response = await client.post("/jobs", json={"kind": "k", "run_at": run_at})
+        assert response.status_code == 400 and response.json()["field"] == "run_at", (run_at, response.text)
+    for query in ("since=1767225600", "until=2026-01-01", "since=yesterday"):
+        response = await client.get(f"/runs?{query}")
+        assert response.status_code == 400 and "RFC 3339" in response.json()["detail"], (query, response.text)
+    assert (await client.get("/runs?since=2026-01-01T00:00:00Z")).status_code == 200
+    assert (await client.get("/jobs")).json()["items"] == []
+
+
+async def test_the_openapi_document_says_what_the_api_answers(settings: Settings) -> None:
+    async with api_client(settings.replace(api_token=TOKEN)) as client:
+        document = (await client.get("/schema/openapi.json", headers={"Authorization": f"Bearer {TOKEN}"})).json()
+    assert document["components"]["securitySchemes"] == {"bearer": {"type": "http", "scheme": "bearer"}}
+    job_create = document["components"]["schemas"]["JobCreate"]
+    assert job_create["additionalProperties"] is False
+    assert job_create["properties"]["max_retries"]["anyOf"][0]["minimum"] == 0
+    post_jobs = document["paths"]["/jobs"]["post"]
+    assert {"200", "201", "400", "401", "413", "415", "503"} <= set(post_jobs["responses"])
+    cancel = document["paths"]["/jobs/{job_id}/cancel"]["post"]
+    assert {"401", "404", "409", "503"} <= set(cancel["responses"]) and cancel["security"] == [{"bearer": []}]
+    cursor = next(p for p in document["paths"]["/jobs"]["get"]["parameters"] if p["name"] == "cursor")
+    assert cursor["schema"]["pattern"] == "^[1-9][0-9]{0,17}$"
+    assert "security" not in document["paths"]["/ready"]["get"]
 
 
 async def test_deep_nesting_and_repeated_keys_are_a_400(client: httpx.AsyncClient) -> None:

@@ -1,0 +1,133 @@
+"""The OpenAPI document, told the truth: what Litestar generates from the handlers,
+corrected where the API does more than the types say (pure: a dict in, changed in place).
+
+Litestar's generator drops constraints whose value is falsy (``minimum: 0``), does not
+say that a body refuses unknown fields, and knows only the success status of each
+route. Here: the job body's schema comes from msgspec (exact), each operation lists
+every status it can answer with the shared error body, the bearer token is a security
+scheme when one is set, and the checks agora-pg makes beyond the types (plain ids and
+cursors, times between 1970 and 9000, text without NUL characters or surrounding
+spaces) are patterns a client or a fuzzer can read.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from agora_pg.api.schemas import ErrorBody, JobCreate
+
+ERROR_REF = {"$ref": "#/components/schemas/ErrorBody"}
+# An RFC 3339 time whose year is 1970-8999 (agora-pg refuses others: the database
+# would store year 1 as -infinity, year 9999 as +infinity).
+TIME_PATTERN = r"^(19[7-9][0-9]|[2-8][0-9]{3})-"
+CURSOR_PATTERN = r"^[1-9][0-9]{0,17}$"
+# Text PostgreSQL can hold: no NUL (nor a lone half of a UTF-16 pair, which no pattern
+# here says: validators such as jsonschema-rs refuse surrogates in a pattern). kind,
+# queue: no surrounding whitespace; name, dedup_key, filters: not blank.
+_CHARACTER = r"[^\x00]"
+_VISIBLE = r"[^\s\x00\x1c-\x1f\x85]"  # (Python strips \x1c-\x1f and \x85 too)
+TEXT_PATTERN = rf"^{_CHARACTER}*$"
+IDENTIFIER_PATTERN = rf"^{_VISIBLE}({_CHARACTER}*{_VISIBLE})?$"
+LABEL_PATTERN = rf"^{_CHARACTER}*{_VISIBLE}{_CHARACTER}*$"
+PUBLIC_PATHS = ("/health", "/ready")
+
+_WHY = {
+    "400": "the input is malformed: `field` names it",
+    "401": "the bearer token is missing or wrong",
+    "403": "the API has no token: it answers only this machine's clients, for its own Host and Origin",
+    "404": "no such job or schedule",
+    "409": "the transition is not allowed in the current state",
+    "413": "the payload is larger than AGORA_PG_API_MAX_PAYLOAD_BYTES",
+    "415": "the body is not sent as application/json",
+    "503": "the database is unavailable or not migrated",
+}
+
+
+def correct(document: dict[str, Any], *, token: bool) -> None:
+    """Correct Litestar's ``document`` for an API with (``token``) or without a token."""
+    schemas = document.setdefault("components", {}).setdefault("schemas", {})
+    schemas["ErrorBody"] = _struct_schema(ErrorBody)
+    schemas["JobCreate"] = _job_create_schema()
+    schemas["JsonValue"] = _json_value_schema()
+    if token:
+        document["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+    for path, item in document.get("paths", {}).items():
+        for method, operation in item.items():
+            if isinstance(operation, dict) and "responses" in operation:
+                _correct_operation(path, method, operation, token)
+
+
+def _correct_operation(path: str, method: str, operation: dict[str, Any], token: bool) -> None:
+    responses = operation["responses"]
+    codes = {"503"} if path != "/health" else set()
+    if operation.get("parameters") or method == "post" and path == "/jobs":
+        codes.add("400")
+    if token and path not in PUBLIC_PATHS:
+        codes.add("401")
+        operation["security"] = [{"bearer": []}]
+    if not token:
+        codes.add("403")
+    if "{" in path:
+        codes.add("404")
+    if method == "post" and path != "/jobs":
+        codes.add("409")
+    if method == "post" and path == "/jobs":
+        codes |= {"413", "415"}
+        responses["200"] = {"description": "a live job already holds this dedup_key: that job, unchanged",
+                            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/JobOut"}}}}
+    for code in sorted(codes):
+        responses[code] = {"description": _WHY[code], "content": {"application/json": {"schema": ERROR_REF}}}
+    for parameter in operation.get("parameters", []):
+        _correct_parameter(parameter)
+
+
+def _correct_parameter(parameter: dict[str, Any]) -> None:
+    name, where = parameter.get("name"), parameter.get("in")
+    if name == "job_id":
+        parameter["schema"] = {"type": "integer", "minimum": 1, "maximum": 2**63 - 1}
+    elif where == "query" and name == "cursor":
+        parameter["schema"] = {"type": "string", "pattern": CURSOR_PATTERN}
+    elif where == "query" and name in ("since", "until"):
+        parameter["schema"] = {"type": "string", "format": "date-time", "pattern": TIME_PATTERN}
+    elif where == "query" and name in ("kind", "queue", "pipeline_id"):
+        parameter["schema"] = {"type": "string", "minLength": 1, "maxLength": 1000, "pattern": LABEL_PATTERN}
+    elif where == "path" and name == "pipeline_id":
+        parameter["schema"] = {"type": "string", "minLength": 1, "maxLength": 1000, "pattern": LABEL_PATTERN}
+
+
+def _struct_schema(struct: type) -> dict[str, Any]:
+    generated = msgspec.json.schema(struct)
+    name = generated["$ref"].rsplit("/", 1)[1]
+    schema: dict[str, Any] = generated["$defs"][name]
+    return schema
+
+
+def _job_create_schema() -> dict[str, Any]:
+    schema = _struct_schema(JobCreate)
+    schema["additionalProperties"] = False  # (msgspec's forbid_unknown_fields)
+    properties = schema["properties"]
+    properties["kind"]["pattern"] = IDENTIFIER_PATTERN
+    properties["queue"].update(pattern=IDENTIFIER_PATTERN, maxLength=100)
+    for field in ("name", "dedup_key"):
+        properties[field] = {"anyOf": [{"type": "string", "minLength": 1, "maxLength": 1000, "pattern": LABEL_PATTERN},
+                                       {"type": "null"}], "default": None}
+    properties["run_at"] = {"anyOf": [{"type": "string", "format": "date-time", "pattern": TIME_PATTERN},
+                                      {"type": "null"}], "default": None}
+    properties["payload"] = {**_json_object(), "default": {},
+                             "description": "a JSON object, nested at most 64 levels, with no NUL characters"}
+    return schema
+
+
+def _json_object() -> dict[str, Any]:
+    return {"type": "object", "propertyNames": {"pattern": TEXT_PATTERN},
+            "additionalProperties": {"$ref": "#/components/schemas/JsonValue"}}
+
+
+def _json_value_schema() -> dict[str, Any]:
+    """Any JSON value PostgreSQL's jsonb can hold (no NUL, no lone surrogate in text)."""
+    return {"anyOf": [
+        {"type": "string", "pattern": TEXT_PATTERN}, {"type": "number"}, {"type": "boolean"}, {"type": "null"},
+        {"type": "array", "items": {"$ref": "#/components/schemas/JsonValue"}}, _json_object(),
+    ]}
