@@ -50,6 +50,8 @@ class Settings:
       at once; past it, requests are answered 503 [1000]
     - ``AGORA_PG_API_READ_TIMEOUT``: seconds a connection of ``agora-pg api`` has to send
       a whole request (headers and body) before it is closed [10]
+    - ``AGORA_PG_API_KEEP_ALIVE_SECONDS``: how long ``agora-pg api`` keeps an idle
+      keep-alive connection open [5]
     - ``AGORA_PG_API_ALLOWED_ORIGINS``: comma-separated origins (``http://localhost:3000``)
       whose pages may call an API that has no token [none: only the API's own]
     - ``WORKER_HEALTH_PORT``: a WorkerPool's health server port, over the one given in
@@ -85,6 +87,7 @@ class Settings:
     api_allowed_origins: tuple[str, ...] = ()
     api_max_connections: int = 1000
     api_read_timeout: float = 10.0
+    api_keep_alive_seconds: int = 5
     health_port: int | None = None
     health_host: str | None = None
     health_error_details: bool = False
@@ -107,6 +110,7 @@ class Settings:
         _require(self.api_max_payload_bytes >= 1, "AGORA_PG_API_MAX_PAYLOAD_BYTES", "must be >= 1")
         _require(self.api_max_connections >= 1, "AGORA_PG_API_MAX_CONNECTIONS", "must be >= 1")
         _require(self.api_read_timeout > 0, "AGORA_PG_API_READ_TIMEOUT", "must be > 0")
+        _require(self.api_keep_alive_seconds >= 1, "AGORA_PG_API_KEEP_ALIVE_SECONDS", "must be >= 1")
         _require(self.api_token is None or len(self.api_token) >= 16, "AGORA_PG_API_TOKEN",
                  "must be at least 16 characters")
         _require(self.api_token is None or self.api_token == self.api_token.strip(), "AGORA_PG_API_TOKEN",
@@ -159,6 +163,7 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         api_max_payload_bytes=_int(env, "AGORA_PG_API_MAX_PAYLOAD_BYTES", defaults.api_max_payload_bytes),
         api_max_connections=_int(env, "AGORA_PG_API_MAX_CONNECTIONS", defaults.api_max_connections),
         api_read_timeout=_float(env, "AGORA_PG_API_READ_TIMEOUT", defaults.api_read_timeout),
+        api_keep_alive_seconds=_int(env, "AGORA_PG_API_KEEP_ALIVE_SECONDS", defaults.api_keep_alive_seconds),
         api_allowed_origins=tuple(part.strip() for part in env.get("AGORA_PG_API_ALLOWED_ORIGINS", "").split(",")
                                   if part.strip()),
         health_port=_int(env, "WORKER_HEALTH_PORT", -1) if env.get("WORKER_HEALTH_PORT", "").strip() else None,
@@ -177,7 +182,8 @@ KNOWN_VARIABLES = frozenset({
     "WORKER_NOTIFICATIONS", "WORKER_SHUTDOWN_TIMEOUT", "WORKER_RETRY_BACKOFF_SECONDS",
     "WORKER_RETRY_BACKOFF_MAX_SECONDS", "WORKER_JOB_TIMEOUT", "WORKER_MAX_LOST_ATTEMPTS", "WORKER_HEALTH_PORT",
     "AGORA_PG_TRANSACTION_POOLING", "AGORA_PG_LISTEN_DATABASE_URL", "AGORA_PG_API_ALLOWED_ORIGINS",
-    "AGORA_PG_API_MAX_CONNECTIONS", "AGORA_PG_API_READ_TIMEOUT", "WORKER_HEALTH_HOST", "WORKER_HEALTH_ERROR_DETAILS",
+    "AGORA_PG_API_MAX_CONNECTIONS", "AGORA_PG_API_READ_TIMEOUT", "AGORA_PG_API_KEEP_ALIVE_SECONDS",
+    "WORKER_HEALTH_HOST", "WORKER_HEALTH_ERROR_DETAILS",
 })
 CHECKED_PREFIXES = ("AGORA_PG_", "WORKER_")
 

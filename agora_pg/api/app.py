@@ -5,16 +5,19 @@ from __future__ import annotations
 import contextlib
 import inspect
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from litestar import Litestar
 from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
+from litestar.openapi.plugins import RedocRenderPlugin
+from litestar.static_files import create_static_files_router
 from litestar.routes import HTTPRoute
 from litestar._openapi.plugin import OpenAPIPlugin  # (its cached document is what /schema serves)
 
 from agora_pg.api import openapi
-from agora_pg.api.auth import token_guard
+from agora_pg.api.auth import PUBLIC, token_guard
 from agora_pg.api.errors import error_response
 from agora_pg.api.exposure import local_only
 from agora_pg.api.jobs import JobController
@@ -27,6 +30,8 @@ from agora_pg.db.store import Store
 from agora_pg.settings import Settings
 
 API_VERSION = "0.1.0"
+STATIC = Path(__file__).parent / "static"  # vendored scripts, each with its licence
+REDOC_SCRIPT = "redoc.standalone.js"
 REQUEST_BODY_HEADROOM = 64 * 1024  # JSON around the payload: kind, name, queue, ...
 
 
@@ -47,7 +52,9 @@ def create_app(settings: Settings, *, allow_remote: bool = False) -> Litestar:
                 await store.close()
 
     app = Litestar(
-        route_handlers=[JobController, ScheduleController, RunController, health, ready, metrics],
+        route_handlers=[JobController, ScheduleController, RunController, health, ready, metrics,
+                        create_static_files_router("/schema/static", directories=[STATIC], include_in_schema=False,
+                                                   opt={PUBLIC: True})],
         dependencies={
             "store": Provide(_store, sync_to_thread=False),
             "settings": Provide(lambda: settings, sync_to_thread=False),
@@ -58,7 +65,12 @@ def create_app(settings: Settings, *, allow_remote: bool = False) -> Litestar:
         state=State({"schema_heads": migrate.head_revisions()}),
         lifespan=[store_lifespan],
         request_max_body_size=settings.api_max_payload_bytes + REQUEST_BODY_HEADROOM,
-        openapi_config=OpenAPIConfig(title="agora-pg", version=API_VERSION, path="/schema"),
+        openapi_config=OpenAPIConfig(
+            title="agora-pg", version=API_VERSION, path="/schema",
+            # the documentation page loads its script from this package, nothing from a CDN
+            render_plugins=[RedocRenderPlugin(js_url=f"/schema/static/redoc/{REDOC_SCRIPT}", google_fonts=False,
+                                              favicon="", path="/")],
+        ),
         logging_config=None,  # the process's logging stays as its command set it up
     )
     openapi.correct(app.plugins.get(OpenAPIPlugin).provide_openapi_schema(), token=bool(settings.api_token))

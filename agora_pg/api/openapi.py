@@ -57,6 +57,22 @@ def correct(document: dict[str, Any], *, token: bool) -> None:
         for method, operation in item.items():
             if isinstance(operation, dict) and "responses" in operation:
                 _correct_operation(path, method, operation, token)
+    _link(document, ("/jobs", "post", "201"), "$response.body#/id", "job_id",
+          ["JobsJobIdGetJob", "JobsJobIdRetryRetryJob", "JobsJobIdCancelCancelJob"])
+    _link(document, ("/schedules", "get", "200"), "$response.body#/0/pipeline_id", "pipeline_id",
+          ["SchedulesPipelineIdGetSchedule", "SchedulesPipelineIdPausePause", "SchedulesPipelineIdResumeResume",
+           "SchedulesPipelineIdTriggerTrigger"])
+
+
+def _link(document: dict[str, Any], response: tuple[str, str, str], value: str, parameter: str,
+          operation_ids: list[str]) -> None:
+    """OpenAPI links: the operations that take ``parameter`` from this response's ``value``
+    (what a client, or a stateful fuzzer, calls next)."""
+    path, method, status = response
+    answer = document.get("paths", {}).get(path, {}).get(method, {}).get("responses", {}).get(status)
+    if answer is not None:
+        answer["links"] = {operation_id: {"operationId": operation_id, "parameters": {parameter: value}}
+                           for operation_id in operation_ids}
 
 
 def _correct_operation(path: str, method: str, operation: dict[str, Any], token: bool) -> None:

@@ -50,14 +50,11 @@ async def run_api(host: str, port: int, insecure: bool, log_level: str) -> None:
     config = uvicorn.Config(create_app(settings, allow_remote=insecure), host=host, port=port, log_level=log_level.lower(),
                             lifespan="on", access_log=False, http=read_deadline_protocol(settings.api_read_timeout),
                             limit_concurrency=settings.api_max_connections,
-                            timeout_keep_alive=API_KEEP_ALIVE_SECONDS)
+                            timeout_keep_alive=settings.api_keep_alive_seconds)
     server = _api_server_class()(config)
     await server.serve()
     if not server.started:
         raise AgoraError(f"the API could not start on {host}:{port} (see the log above)")
-
-
-API_KEEP_ALIVE_SECONDS = 5  # an idle keep-alive connection is closed after this
 
 
 def _api_server_class() -> type:

@@ -8,19 +8,36 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 
 import pytest
+
+from agora_pg.db.connect import Database
+from agora_pg.db.schedule_rows import ScheduleRegistration
+from agora_pg.db.store import Store
 
 from ..conftest import Processes
 from .test_api_processes import REPO, cli, wait_ready
 from .test_worker_processes import free_port, stop, worker_env
 
 EXAMPLES_PER_OPERATION = 150
+
+
+async def _a_schedule(database_url: str) -> None:
+    store = Store.open(Database(database_url), pool_size=1)
+    try:
+        await store.upsert_schedule(ScheduleRegistration(
+            pipeline_id="nightly", kind="cron", spec="cron('0 3 * * *')",
+            first_run_at=datetime.now(UTC) + timedelta(hours=1), error_backoff_seconds=60, max_consecutive_errors=3,
+        ))
+    finally:
+        await store.close()
 TOKEN = "schemathesis-token-0123456789"
 
 
 @pytest.mark.parametrize("token", [TOKEN, None], ids=["with-token", "without-token"])
 async def test_every_check_passes_on_every_operation(database_url: str, processes: Processes, token: str | None) -> None:
+    await _a_schedule(database_url)  # (reached through the document's links from GET /schedules)
     port = free_port()
     env = worker_env(database_url, **({"AGORA_PG_API_TOKEN": token} if token else {}))
     api = processes.start(cli("api", "--port", str(port)), env, REPO)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import httpx
 import pytest
@@ -18,6 +21,7 @@ from .helpers import record_failure
 from agora_pg.settings import Settings
 
 TOKEN = "s3cret-token-0123456789"
+REPO = Path(__file__).resolve().parents[2]
 
 
 def api_client(settings: Settings) -> AsyncTestClient:  # type: ignore[type-arg]
@@ -496,3 +500,13 @@ async def test_a_database_that_is_down_is_a_503_that_does_not_show_where_it_is(
             assert "the database is unavailable" in response.text
     assert "secret_user" in caplog.text  # the operator still learns where it tried...
     assert "hunter2" not in caplog.text and "password=***" in caplog.text  # ...but not the password
+
+
+async def test_the_documentation_page_loads_nothing_from_elsewhere(client: httpx.AsyncClient) -> None:
+    page = await client.get("/schema")
+    assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+    sources = re.findall(r'(?:src|href)="([^"]+)"', page.text)
+    assert sources == ["/schema/static/redoc/redoc.standalone.js"], sources
+    script = await client.get(sources[0])
+    assert script.status_code == 200 and script.headers["content-type"].startswith("text/javascript")
+    assert hashlib.sha256(script.content).hexdigest() in (REPO / "agora_pg/api/static/redoc/README.md").read_text()
