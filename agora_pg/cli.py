@@ -52,6 +52,15 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     commands.add_parser("migrate", parents=[common], help="apply the database migrations (idempotent)")
+    prune = commands.add_parser(
+        "prune", parents=[common], help="delete finished history older than an age, in small batches",
+        epilog="example: agora-pg prune --older-than 30d --keep-failed 90d",
+    )
+    prune.add_argument("--older-than", required=True,
+                       help="delete done and cancelled jobs (with their runs), pipeline runs and replayed dead "
+                            "letters that ended longer ago than this (30d, 12h, 2w)")
+    prune.add_argument("--keep-failed", help="keep jobs that failed for good this long instead [--older-than]")
+    prune.add_argument("--batch-size", type=int, default=1000, help="rows per delete (each its own transaction) [1000]")
 
     worker = commands.add_parser("worker", parents=[common], help="run a worker module's get_worker()")
     worker.add_argument("--module", default=None, help="dotted module path [worker]")
@@ -129,8 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def run_operator(args: argparse.Namespace) -> None:
-    """``agora-pg jobs ...``, ``agora-pg schedules ...`` and ``agora-pg runs list``: print a table."""
-    if args.command == "schedules":
+    """``agora-pg jobs ...``, ``agora-pg schedules ...``, ``agora-pg runs list`` and
+    ``agora-pg prune``: print a table or a line."""
+    if args.command == "prune":
+        text = await operator.prune(args.older_than, args.keep_failed, args.batch_size)
+    elif args.command == "schedules":
         text = (await operator.list_schedules() if args.action == "list"
                 else await operator.change_schedule(args.action, args.pipeline_id))
     elif args.command == "runs":
@@ -219,7 +231,7 @@ def run_event_loop(main_coroutine: Coroutine[Any, Any, None]) -> None:
 
 # Commands that use the database through the schema; on the embedded server (no
 # database URL: a development machine) they apply the migrations first themselves.
-SCHEMA_COMMANDS = {"worker", "run", "dlq", "api", "jobs", "runs", "schedules"}
+SCHEMA_COMMANDS = {"worker", "run", "dlq", "api", "jobs", "runs", "schedules", "prune"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

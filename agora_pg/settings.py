@@ -10,11 +10,14 @@ import dataclasses
 import difflib
 import re
 from collections.abc import Mapping
+from datetime import timedelta
 from pathlib import Path
 
 from agora_pg.errors import ConfigError
+from agora_pg.retention import Retention, parse_age
 
 DEFAULT_DATA_DIR = ".agora-pg"
+DEFAULT_RETENTION = Retention(finished=timedelta(days=30), failed=timedelta(days=90))
 MIN_TOKEN_DISTINCT_CHARACTERS = 8
 _ORIGIN = re.compile(r"https?://[^/\s:]+(:[0-9]{1,5})?")
 
@@ -60,6 +63,10 @@ class Settings:
       [``127.0.0.1``; containers set ``0.0.0.0``]
     - ``WORKER_HEALTH_ERROR_DETAILS``: ``on`` to show pipelines' raw error texts on the
       health server (which has no login) rather than their types [off]
+    - ``AGORA_PG_PRUNE_AFTER``: age after which workers delete done and cancelled jobs
+      (with their runs), pipeline runs and replayed dead letters; ``off`` keeps all [30d]
+    - ``AGORA_PG_PRUNE_FAILED_AFTER``: the same for jobs that failed for good [90d]
+    - ``AGORA_PG_PRUNE_INTERVAL``: seconds between a worker's pruning rounds [600]
     - ``AGORA_PG_TRANSACTION_POOLING``: ``on`` when the database URL goes through a pooler
       in transaction mode (PgBouncer's ``pool_mode = transaction``): no prepared statement
       outlives a transaction, and every statement runs in a transaction of its own [off]
@@ -91,6 +98,8 @@ class Settings:
     health_port: int | None = None
     health_host: str | None = None
     health_error_details: bool = False
+    retention: Retention | None = DEFAULT_RETENTION
+    prune_interval: float = 600.0
     transaction_pooling: bool = False
     listen_database_url: str | None = None
 
@@ -108,6 +117,7 @@ class Settings:
         _require(self.health_port is None or 0 <= self.health_port <= 65535, "WORKER_HEALTH_PORT",
                  "must be a port number (0: any free port)")
         _require(self.api_max_payload_bytes >= 1, "AGORA_PG_API_MAX_PAYLOAD_BYTES", "must be >= 1")
+        _require(self.prune_interval > 0, "AGORA_PG_PRUNE_INTERVAL", "must be > 0")
         _require(self.api_max_connections >= 1, "AGORA_PG_API_MAX_CONNECTIONS", "must be >= 1")
         _require(self.api_read_timeout > 0, "AGORA_PG_API_READ_TIMEOUT", "must be > 0")
         _require(self.api_keep_alive_seconds >= 1, "AGORA_PG_API_KEEP_ALIVE_SECONDS", "must be >= 1")
@@ -169,6 +179,8 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         health_port=_int(env, "WORKER_HEALTH_PORT", -1) if env.get("WORKER_HEALTH_PORT", "").strip() else None,
         health_host=env.get("WORKER_HEALTH_HOST", "").strip() or None,
         health_error_details=_bool(env, "WORKER_HEALTH_ERROR_DETAILS", False),
+        retention=_retention(env),
+        prune_interval=_float(env, "AGORA_PG_PRUNE_INTERVAL", defaults.prune_interval),
         transaction_pooling=pooling,
         listen_database_url=listen_url,
     )
@@ -183,7 +195,8 @@ KNOWN_VARIABLES = frozenset({
     "WORKER_RETRY_BACKOFF_MAX_SECONDS", "WORKER_JOB_TIMEOUT", "WORKER_MAX_LOST_ATTEMPTS", "WORKER_HEALTH_PORT",
     "AGORA_PG_TRANSACTION_POOLING", "AGORA_PG_LISTEN_DATABASE_URL", "AGORA_PG_API_ALLOWED_ORIGINS",
     "AGORA_PG_API_MAX_CONNECTIONS", "AGORA_PG_API_READ_TIMEOUT", "AGORA_PG_API_KEEP_ALIVE_SECONDS",
-    "WORKER_HEALTH_HOST", "WORKER_HEALTH_ERROR_DETAILS",
+    "WORKER_HEALTH_HOST", "WORKER_HEALTH_ERROR_DETAILS", "AGORA_PG_PRUNE_AFTER", "AGORA_PG_PRUNE_FAILED_AFTER",
+    "AGORA_PG_PRUNE_INTERVAL",
 })
 CHECKED_PREFIXES = ("AGORA_PG_", "WORKER_")
 
@@ -198,6 +211,19 @@ def unknown_variables(env: Mapping[str, str]) -> list[str]:
             hint = f"; did you mean {close[0]}?" if close else ""
             lines.append(f"unknown setting {name} (ignored){hint}")
     return lines
+
+
+def _retention(env: Mapping[str, str]) -> Retention | None:
+    after = env.get("AGORA_PG_PRUNE_AFTER", "").strip()
+    if after.lower() in _FALSE:
+        return None
+    finished = parse_age(after, "AGORA_PG_PRUNE_AFTER") if after else DEFAULT_RETENTION.finished
+    failed_text = env.get("AGORA_PG_PRUNE_FAILED_AFTER", "").strip()
+    failed = (parse_age(failed_text, "AGORA_PG_PRUNE_FAILED_AFTER") if failed_text
+              else max(finished, DEFAULT_RETENTION.failed))
+    if failed < finished:
+        raise ConfigError("AGORA_PG_PRUNE_FAILED_AFTER", "must not be shorter than AGORA_PG_PRUNE_AFTER")
+    return Retention(finished, failed)
 
 
 def parse_queues(text: str, *, key: str) -> tuple[str, ...]:

@@ -15,9 +15,10 @@ from agora_pg.db.connect import resolve_database
 from agora_pg.db.run_rows import RunRow
 from agora_pg.db.schedule_rows import ScheduleRow
 from agora_pg.db.store import Store
-from agora_pg.errors import InvalidArgument, JobNotFound, ScheduleNotFound
+from agora_pg.errors import AgoraError, ConfigError, InvalidArgument, JobNotFound, ScheduleNotFound
 from agora_pg.job_spec import JobSpec
 from agora_pg.jobs import Job, JobStatus, RunStatus, possible_job_id
+from agora_pg.retention import Retention, parse_age
 from agora_pg.settings import Settings, load_settings
 
 JOB_HEADERS = ("id", "kind", "queue", "status", "retries", "run_at", "finished_at", "error")
@@ -178,3 +179,17 @@ def _limit(limit: int) -> int:
     if not 1 <= limit <= 10_000:
         raise InvalidArgument("--limit", f"must be between 1 and 10000, got {limit}")
     return limit
+
+
+async def prune(older_than: str, keep_failed: str | None, batch_size: int) -> str:
+    """``agora-pg prune``: what it deleted, or that another process is pruning."""
+    if batch_size < 1:
+        raise ConfigError("--batch-size", f"must be >= 1, got {batch_size}")
+    finished = parse_age(older_than, "--older-than")
+    retention = Retention(finished, parse_age(keep_failed, "--keep-failed") if keep_failed else finished)
+    async with operator_store() as (store, _settings):
+        report = await store.prune(retention, batch_size)
+    if report.busy:
+        raise AgoraError("another process is pruning now (a worker, or another agora-pg prune); try again later")
+    return (f"pruned {report.jobs} jobs with their runs, {report.pipeline_runs} pipeline runs, "
+            f"{report.dead_letters} dead letters")

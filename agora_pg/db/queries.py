@@ -688,3 +688,42 @@ ORDER BY ordinal_position
 
 # Which server and database a connection is on (two handles on the same database answer alike).
 DATABASE_IDENTITY = "SELECT current_database(), pg_postmaster_start_time()::text, current_setting('port')"
+
+
+# -- pruning finished history (agora_pg.retention) ----------------------------------
+
+# One process at a time prunes: each batch runs in a transaction that first takes this
+# transaction-level advisory lock without waiting ($1 = PRUNE_LOCK_KEY).
+PRUNE_LOCK_KEY = 0x61676F7261_7072  # "agora", "pr"
+TRY_PRUNE_LOCK = "SELECT pg_try_advisory_xact_lock($1)"
+
+# Up to $3 finished jobs: done or cancelled before now() - $1, or failed for good before
+# now() - $2 (their runs go by the foreign key's ON DELETE CASCADE). Walks the primary
+# key from the oldest job, so a batch reads few rows beyond the ones it deletes. The
+# outer WHERE repeats the condition: a job retried between the subquery and the delete
+# is checked again as it is now (and kept).
+_PRUNABLE_JOB = """(
+    (status IN ('done', 'cancelled') AND finished_at < now() - $1::interval)
+    OR (status = 'failed' AND NOT coalesce(retry_count < max_retries, false) AND finished_at < now() - $2::interval)
+)"""
+PRUNE_JOBS = f"""
+DELETE FROM agora.jobs
+WHERE id IN (SELECT id FROM agora.jobs WHERE {_PRUNABLE_JOB} ORDER BY id LIMIT $3)
+  AND {_PRUNABLE_JOB}
+"""
+
+# Up to $2 pipeline runs that ended before now() - $1.
+PRUNE_PIPELINE_RUNS = """
+DELETE FROM agora.runs WHERE id IN (
+    SELECT id FROM agora.runs
+    WHERE job_id IS NULL AND finished_at < now() - $1::interval
+    ORDER BY finished_at LIMIT $2
+)
+"""
+
+# Up to $2 dead letters replayed before now() - $1.
+PRUNE_DEAD_LETTERS = """
+DELETE FROM agora.dead_letters WHERE id IN (
+    SELECT id FROM agora.dead_letters WHERE replayed_at < now() - $1::interval ORDER BY id LIMIT $2
+)
+"""

@@ -49,6 +49,7 @@ from agora_pg.errors import (
 )
 from agora_pg.job_spec import JobSpec
 from agora_pg.jobs import Job, JobStatus, possible_job_id
+from agora_pg.retention import PruneReport, Retention
 
 log = logging.getLogger("agora_pg.store")
 
@@ -470,6 +471,31 @@ class Store:
             schedules_in_backoff=sum(row["in_backoff"] for row in schedules),
         )
 
+    # -- pruning -------------------------------------------------------------------
+
+    async def prune(self, retention: Retention, batch_size: int = 1000) -> PruneReport:
+        """Delete finished history older than ``retention`` in batches of ``batch_size``,
+        each in a short transaction of its own (no long locks; claims and completions go
+        on between batches), until none is left. One process at a time: when another one
+        is pruning, this returns at once with ``busy`` set."""
+        report = PruneReport()
+        steps: list[tuple[str, str, tuple[Any, ...]]] = [
+            ("jobs", queries.PRUNE_JOBS, (retention.finished, retention.failed, batch_size)),
+            ("pipeline_runs", queries.PRUNE_PIPELINE_RUNS, (retention.finished, batch_size)),
+            ("dead_letters", queries.PRUNE_DEAD_LETTERS, (retention.finished, batch_size)),
+        ]
+        for field, statement, args in steps:
+            while True:
+                async with self.connection() as connection, connection.transaction():
+                    if not await connection.fetchval(queries.TRY_PRUNE_LOCK, queries.PRUNE_LOCK_KEY):
+                        report.busy = True
+                        return report
+                    deleted = _affected(await connection.execute(statement, *args))
+                setattr(report, field, getattr(report, field) + deleted)
+                if deleted < batch_size:
+                    break
+        return report
+
     async def ping(self) -> None:
         async with self.connection() as connection:
             await connection.fetchval(queries.PING)
@@ -495,6 +521,11 @@ class Store:
             await listen.close()
             raise self._unavailable(error) from error
         return listen
+
+
+def _affected(status: str) -> int:
+    """The row count of a command status such as ``DELETE 42``."""
+    return int(status.rsplit(" ", 1)[-1])
 
 
 def _notification_callback(handler: Callable[[str], None]) -> Callable[[object, int, str, str], None]:

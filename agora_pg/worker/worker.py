@@ -165,6 +165,8 @@ class _WorkerRun:
         rescue_interval = min(max(settings.lease_seconds / 10, 0.5), 5.0)
         self._start_side(self._every(rescue_interval, self.rescuer.run_once, "rescuing jobs of lost workers"),
                          "job_rescuer")
+        if settings.retention is not None:
+            self._start_side(self._every(settings.prune_interval, self._prune, "pruning finished history"), "pruner")
         if settings.notifications:
             channels = {NOTIFY_CHANNEL: self._on_enqueue, queries.CANCEL_CHANNEL: self._on_cancel}
             self._start_side(
@@ -318,6 +320,14 @@ class _WorkerRun:
             return
         log.error("%s crashed; stopping the worker", task.get_name(), exc_info=task.exception())
         self.worker.stop()
+
+    async def _prune(self) -> None:
+        """One pruning round (``AGORA_PG_PRUNE_AFTER``); another process pruning now is fine."""
+        assert self.settings.retention is not None
+        report = await self.store.prune(self.settings.retention)
+        if report.jobs or report.pipeline_runs or report.dead_letters:
+            log.info("pruned finished history: %d jobs with their runs, %d pipeline runs, %d dead letters",
+                     report.jobs, report.pipeline_runs, report.dead_letters)
 
     async def _every(self, interval: float, action: Callable[[], Coroutine[Any, Any, Any]], what: str) -> None:
         while not self.side_stop.is_set():

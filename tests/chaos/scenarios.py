@@ -158,13 +158,7 @@ async def postgres_restart(setup: Setup, size: Size, mode: str, down_seconds: fl
         await wait_workers(url, 2)
         pools, _ = setup.fleet(url, module="tests.chaos.chaos_pool")
         pools.start(1)
-        api_port = free_port()
-        api = subprocess.Popen([sys.executable, "-m", "agora_pg.cli", "api", "--port", str(api_port)],
-                               env=fleet.env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               start_new_session=True)
-        setup.track(api)
-        base = f"http://127.0.0.1:{api_port}"
-        await _until(lambda: _ready_status(base), lambda status: status == 200, 30)
+        api, base = await _start_api(setup, fleet.env)
         back: list[float] = []
 
         async def fault() -> dict[str, Any]:
@@ -536,13 +530,7 @@ async def pgbouncer(setup: Setup, size: Size) -> Result:
             fleet.start(1)
             fleet.env = listening_env
             await wait_workers(url, 3)
-            api_port = free_port()
-            api = subprocess.Popen([sys.executable, "-m", "agora_pg.cli", "api", "--port", str(api_port)],
-                                   env=fleet.env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                   start_new_session=True)
-            setup.track(api)
-            base = f"http://127.0.0.1:{api_port}"
-            await _until(lambda: _ready_status(base), lambda status: status == 200, 30)
+            api, base = await _start_api(setup, fleet.env)
             posted = [await _post_job(base)]
             rng = random.Random(setup.seed)
 
@@ -597,6 +585,17 @@ def _server_of(url: str) -> tuple[str, int, str]:
     host = parts.hostname or query.get("host", ["127.0.0.1"])[0]
     port = parts.port or int(query.get("port", ["5432"])[0])
     return host, port, parts.path.lstrip("/")
+
+
+async def _start_api(setup: Setup, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
+    """``agora-pg api`` on a free port with ``env``, once ready: (the process, its base URL)."""
+    port = free_port()
+    api = subprocess.Popen([sys.executable, "-m", "agora_pg.cli", "api", "--port", str(port)], env=env, cwd=REPO,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    setup.track(api)
+    base = f"http://127.0.0.1:{port}"
+    await _until(lambda: _ready_status(base), lambda status: status == 200, 30)
+    return api, base
 
 
 async def _ready_status(base: str) -> int:

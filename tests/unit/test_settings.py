@@ -144,3 +144,22 @@ def test_allowed_origins_are_origins() -> None:
 def test_every_secret_a_url_can_hold_is_masked(url: str, shown: str) -> None:
     assert Database(url).display_url == shown
     assert "hunter2" not in Database(url).display_url
+
+
+def test_retention_ages_and_off() -> None:
+    from datetime import timedelta
+
+    from agora_pg.retention import parse_age
+
+    assert load_settings({}).retention is not None and load_settings({}).retention.finished == timedelta(days=30)
+    assert load_settings({}).retention.failed == timedelta(days=90)
+    assert load_settings({"AGORA_PG_PRUNE_AFTER": "off"}).retention is None
+    custom = load_settings({"AGORA_PG_PRUNE_AFTER": "120d"}).retention
+    assert custom is not None and custom.failed == timedelta(days=120)  # never shorter than the others
+    assert [parse_age(text, "k") for text in ("90s", "15m", "12h", "2w")] == [
+        timedelta(seconds=90), timedelta(minutes=15), timedelta(hours=12), timedelta(weeks=2)]
+    for env, problem in (({"AGORA_PG_PRUNE_AFTER": "soon"}, "AGORA_PG_PRUNE_AFTER: expected an age"),
+                         ({"AGORA_PG_PRUNE_AFTER": "10s"}, "at least a minute"),
+                         ({"AGORA_PG_PRUNE_AFTER": "30d", "AGORA_PG_PRUNE_FAILED_AFTER": "7d"}, "not be shorter")):
+        with pytest.raises(ConfigError, match=problem):
+            load_settings(env)
