@@ -25,7 +25,8 @@ def render_metrics(snapshot: MetricsSnapshot) -> bytes:
     are the database's, not this process's, so nothing accumulates here)."""
     registry = CollectorRegistry(auto_describe=True)
     jobs = Gauge(
-        "agora_jobs", "Live jobs: pending, processing, or failed and waiting for a retry.",
+        "agora_jobs", "Jobs with work ahead of them (the agora.queue_now view): pending, processing, "
+        "or retrying (failed, with a retry left).",
         ["queue", "status"], registry=registry,
     )
     named = labelled_queues(snapshot.live_jobs)
@@ -36,7 +37,7 @@ def render_metrics(snapshot: MetricsSnapshot) -> bytes:
     for (queue, status), count in summed.items():
         jobs.labels(queue=queue, status=status).set(count)
     oldest = Gauge(
-        "agora_oldest_due_job_age_seconds", "Seconds the oldest due pending job of a queue has waited.",
+        "agora_oldest_due_job_age_seconds", "Seconds the oldest due job of a queue (pending or retrying) has waited.",
         ["queue"], registry=registry,
     )
     oldest_of: dict[str, float] = {}

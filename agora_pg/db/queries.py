@@ -581,18 +581,10 @@ RETURNING {SCHEDULE_COLUMNS}, {_WAKE_SCHEDULE}
 # -- metrics (each reads an index, not the whole history) --------------------------
 
 # Live jobs (pending, processing, failed and waiting for a retry) by queue and status.
-METRIC_LIVE_JOBS = f"""
-SELECT queue, status, count(*) AS jobs FROM agora.jobs
-WHERE ({CLAIMABLE}) OR status = 'processing'
-GROUP BY queue, status
-"""
-
-# Per queue, seconds since the oldest due pending job became due.
-METRIC_OLDEST_DUE = """
-SELECT queue, extract(epoch FROM now() - min(run_at)) AS age_seconds FROM agora.jobs
-WHERE status = 'pending' AND run_at <= now()
-GROUP BY queue
-"""
+# Jobs with work ahead of them by queue and state (pending, processing, retrying), and
+# per queue the age of the oldest due one: the agora.queue_now view, which the README's
+# "queue right now" query reads too, so that both count the same jobs.
+METRIC_QUEUE_NOW = "SELECT queue, state, jobs, oldest_due_seconds FROM agora.queue_now"
 
 # Runs finished in the last $1 seconds, by outcome.
 METRIC_RECENT_RUNS = """

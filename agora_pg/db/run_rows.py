@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -34,9 +34,17 @@ class RunRow:
 class MetricsSnapshot:
     """What ``/metrics`` reports, read in one go."""
 
-    live_jobs: list[tuple[str, str, int]]  # queue, status, count
-    oldest_due_seconds: dict[str, float]  # queue -> age of its oldest due pending job
+    live_jobs: list[tuple[str, str, int]]  # queue, state (pending, processing, retrying), count
+    oldest_due_seconds: dict[str, float]  # queue -> age of its oldest due job (pending or retrying)
     recent_runs: dict[str, int]  # outcome -> runs finished in the window
     recent_window_seconds: float
     schedules: dict[str, int]  # state -> count
     schedules_in_backoff: int
+
+
+def oldest_due_by_queue(ages: Iterable[tuple[str, Any]]) -> dict[str, float]:
+    """The oldest due job's age per queue, from (queue, age) pairs of several states."""
+    oldest: dict[str, float] = {}
+    for queue, age in ages:
+        oldest[queue] = max(float(age), oldest.get(queue, 0.0))
+    return oldest

@@ -36,7 +36,7 @@ from agora_pg.db.schedule_rows import (
     ScheduleRow,
 )
 from agora_pg.db.job_rows import JobFinish, LeaseRenewal
-from agora_pg.db.run_rows import MetricsSnapshot, RunRow
+from agora_pg.db.run_rows import MetricsSnapshot, RunRow, oldest_due_by_queue
 from agora_pg.errors import (
     DatabaseUnavailable,
     InvalidTransition,
@@ -458,13 +458,14 @@ class Store:
     async def metrics(self, recent_window_seconds: float = 300.0) -> MetricsSnapshot:
         """Queue depth, waiting time, recent run outcomes and schedule states, in one transaction."""
         async with self.connection() as connection, connection.transaction(readonly=True):
-            live = await connection.fetch(queries.METRIC_LIVE_JOBS)
-            oldest = await connection.fetch(queries.METRIC_OLDEST_DUE)
+            live = await connection.fetch(queries.METRIC_QUEUE_NOW)
             runs = await connection.fetch(queries.METRIC_RECENT_RUNS, recent_window_seconds)
             schedules = await connection.fetch(queries.METRIC_SCHEDULES)
         return MetricsSnapshot(
-            live_jobs=[(row["queue"], row["status"], row["jobs"]) for row in live],
-            oldest_due_seconds={row["queue"]: float(row["age_seconds"]) for row in oldest},
+            live_jobs=[(row["queue"], row["state"], row["jobs"]) for row in live],
+            oldest_due_seconds=oldest_due_by_queue(
+                (row["queue"], row["oldest_due_seconds"]) for row in live if row["oldest_due_seconds"] is not None
+            ),
             recent_runs={row["status"]: row["runs"] for row in runs},
             recent_window_seconds=recent_window_seconds,
             schedules={row["state"]: row["schedules"] for row in schedules},

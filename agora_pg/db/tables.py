@@ -59,6 +59,7 @@ jobs = Table(
     Column("lost_count", Integer, nullable=False, server_default=text("0"), comment="Attempts lost with their worker or cut short at shutdown; WORKER_MAX_LOST_ATTEMPTS of them fail the job."),
     Column("timeout_seconds", Float, nullable=True, comment="Seconds an attempt may run before it is cancelled; NULL takes the kind's or the worker's default."),
     Column("cancel_requested_at", DateTime(timezone=True), nullable=True, comment="When a cancel of the running attempt was asked for; its worker stops it."),
+    Column("progress", JSONB, nullable=True, comment="The running attempt's latest progress report ({done, total, message, at}); kept with the run when it ends."),
     CheckConstraint("status IN ('pending', 'processing', 'done', 'failed', 'cancelled')", name="jobs_status_check"),
     CheckConstraint("retry_count >= 0", name="jobs_retry_count_check"),
     CheckConstraint("max_retries >= 0", name="jobs_max_retries_check"),
@@ -78,6 +79,8 @@ Index(
 )
 Index("jobs_dedup_key_idx", jobs.c.dedup_key, unique=True, postgresql_where=text(ALIVE))
 Index("jobs_lease_idx", jobs.c.lease_expires_at, postgresql_where=text("status = 'processing'"))
+Index("jobs_created_at_brin", jobs.c.created_at, postgresql_using="brin")
+Index("jobs_cancelled_idx", jobs.c.finished_at, postgresql_where=text("status = 'cancelled'"))
 
 runs = Table(
     "runs",
@@ -94,12 +97,14 @@ runs = Table(
     Column("error_message", Text, nullable=True, comment="Type and text of the error."),
     Column("scheduled_for", DateTime(timezone=True), nullable=True, comment="The schedule tick a pipeline run belongs to; unique per pipeline."),
     Column("traceback", Text, nullable=True, comment="Traceback of a failed attempt (capped in size)."),
+    Column("progress", JSONB, nullable=True, comment="Latest progress of the attempt: a job's last report, a pipeline run's records read, written and rejected."),
     CheckConstraint("status IN ('running', 'succeeded', 'failed', 'abandoned', 'cancelled')", name="runs_status_check"),
     comment="One row per execution attempt: job attempts and scheduled-pipeline runs.",
 )
 
 Index("runs_job_attempt_idx", runs.c.job_id, runs.c.attempt, unique=True, postgresql_where=text("job_id IS NOT NULL"))
 Index("runs_finished_at_idx", runs.c.finished_at)
+Index("runs_pipeline_started_idx", runs.c.started_at, postgresql_where=text("pipeline_id IS NOT NULL"))
 Index(
     "runs_pipeline_tick_idx",
     runs.c.pipeline_id,
