@@ -30,6 +30,11 @@ _EXPORTS = {
     "load_settings": "agora_pg.settings",
     "Handler": "agora_pg.worker",
     "Handlers": "agora_pg.worker",
+    "JobContext": "agora_pg.worker",
+    "NoJobContext": "agora_pg.worker",
+    "job_context": "agora_pg.worker",
+    "Event": "agora_pg.events.model",
+    "EventFilter": "agora_pg.events.model",
     "KindOptions": "agora_pg.worker",
     "UnknownJobKind": "agora_pg.worker",
     "Worker": "agora_pg.worker",
@@ -63,4 +68,5 @@ if TYPE_CHECKING:
     from agora_pg.jobs import Job, JobStatus, RunStatus
     from agora_pg.queue import Queue
     from agora_pg.settings import Settings, load_settings
-    from agora_pg.worker import Handler, Handlers, KindOptions, UnknownJobKind, Worker
+    from agora_pg.events.model import Event, EventFilter
+    from agora_pg.worker import Handler, Handlers, JobContext, KindOptions, NoJobContext, UnknownJobKind, Worker, job_context

@@ -94,6 +94,7 @@ class Job:
     lost_count: int = 0
     timeout_seconds: float | None = None
     cancel_requested_at: datetime | None = None
+    progress: dict[str, Any] | None = None  # the latest attempt's last progress report
 
     @classmethod
     def from_fields(cls, fields: dict[str, Any]) -> Job:

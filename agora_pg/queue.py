@@ -5,12 +5,14 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import AsyncIterator, Iterable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from agora_pg.db.connect import Database, resolve_database
 from agora_pg.db.enqueue import CallerConnection
 from agora_pg.db.store import Store
+from agora_pg.events.model import Event, EventFilter, parse_cursor
+from agora_pg.events.stream import EventStream
 from agora_pg.job_spec import JobSpec
 from agora_pg.jobs import Job
 from agora_pg.settings import Settings, load_settings
@@ -100,6 +102,38 @@ class Queue:
     async def get(self, job_id: int) -> Job:
         """The job with this id (``JobNotFound`` otherwise)."""
         return await self.store.get_job(job_id)
+
+    async def events(
+        self,
+        *,
+        job_id: int | None = None,
+        kind: str | None = None,
+        queue: str | None = None,
+        pipeline_id: str | None = None,
+        since: datetime | str | None = None,
+    ) -> AsyncIterator[Event]:
+        """Job and pipeline events as they happen, from every worker process (filters
+        combine). ``since`` (a time, or an event cursor) replays the state changes from
+        then on first, so that waiting for a job cannot miss its end:
+
+        >>> job = await queue.enqueue("report")
+        >>> async for event in queue.events(job_id=job.id, since=job.created_at):
+        ...     if event.type == "job.finished" and event.data["retry_at"] is None:
+        ...         break
+
+        Uses a LISTEN connection of its own while iterated."""
+        start = None
+        if isinstance(since, str):
+            start = parse_cursor(since, datetime.now(UTC))
+        elif since is not None:
+            start = since
+        stream = EventStream(self.store)
+        try:
+            subscription = await stream.subscribe(EventFilter(job_id, kind, queue, pipeline_id), start)
+            async for event in subscription.events():
+                yield event
+        finally:
+            await stream.close()
 
     async def cancel(self, job_id: int) -> Job:
         """Cancel a job: one that has not started at once; a running one is stopped by its

@@ -19,6 +19,7 @@ from litestar._openapi.plugin import OpenAPIPlugin  # (its cached document is wh
 from agora_pg.api import openapi
 from agora_pg.api.auth import PUBLIC, token_guard
 from agora_pg.api.errors import error_response
+from agora_pg.api.events import stream_events
 from agora_pg.api.exposure import local_only
 from agora_pg.api.jobs import JobController
 from agora_pg.api.probes import health, metrics, ready
@@ -27,6 +28,7 @@ from agora_pg.api.schedules import ScheduleController
 from agora_pg.db import migrate
 from agora_pg.db.connect import resolve_database
 from agora_pg.db.store import Store
+from agora_pg.events.stream import EventStream
 from agora_pg.settings import Settings
 
 API_VERSION = "0.1.0"
@@ -46,13 +48,15 @@ def create_app(settings: Settings, *, allow_remote: bool = False) -> Litestar:
         async with resolve_database(settings) as database:
             store = Store.open(database)
             app.state.store = store
+            app.state.events = EventStream(store)  # its LISTEN connection opens with the first subscriber
             try:
                 yield
             finally:
+                await app.state.events.close()
                 await store.close()
 
     app = Litestar(
-        route_handlers=[JobController, ScheduleController, RunController, health, ready, metrics,
+        route_handlers=[JobController, ScheduleController, RunController, stream_events, health, ready, metrics,
                         create_static_files_router("/schema/static", directories=[STATIC], include_in_schema=False,
                                                    opt={PUBLIC: True})],
         dependencies={

@@ -47,6 +47,7 @@ class RunOut(msgspec.Struct, kw_only=True):
     error_type: str | None
     error_message: str | None
     traceback: str | None = None
+    progress: dict[str, Any] | None = None
 
     @classmethod
     def of(cls, run: RunRow) -> RunOut:
@@ -54,7 +55,7 @@ class RunOut(msgspec.Struct, kw_only=True):
             id=run.id, job_id=run.job_id, pipeline_id=run.pipeline_id, attempt=run.attempt,
             worker_id=run.worker_id, status=RunStatus(run.status), started_at=run.started_at,
             finished_at=run.finished_at, scheduled_for=run.scheduled_for, error_type=run.error_type,
-            error_message=run.error_message, traceback=run.traceback,
+            error_message=run.error_message, traceback=run.traceback, progress=run.progress,
         )
 
 
@@ -84,6 +85,7 @@ class JobOut(msgspec.Struct, kw_only=True):
     lost_count: int
     timeout_seconds: float | None
     cancel_requested_at: datetime | None
+    progress: dict[str, Any] | None = None
     runs: list[RunOut] | None = None
 
     @classmethod
@@ -95,7 +97,7 @@ class JobOut(msgspec.Struct, kw_only=True):
             created_at=job.created_at, started_at=job.started_at, finished_at=job.finished_at,
             locked_by=job.locked_by, lease_expires_at=job.lease_expires_at, attempt=job.attempt,
             lost_count=job.lost_count, timeout_seconds=job.timeout_seconds,
-            cancel_requested_at=job.cancel_requested_at,
+            cancel_requested_at=job.cancel_requested_at, progress=job.progress,
             runs=None if runs is None else [RunOut.of(run) for run in runs],
         )
 

@@ -46,6 +46,7 @@ def new_job(
             "lost_count": 0,
             "timeout_seconds": None if spec.timeout_seconds is None else float(spec.timeout_seconds),
             "cancel_requested_at": None,
+            "progress": None,
         }
     )
 
@@ -55,6 +56,8 @@ def row_to_job(row: Mapping[str, Any]) -> Job:
     fields = dict(row.items())  # (for an asyncpg Record, 15 % faster than dict(row))
     fields["status"] = _STATUSES[fields["status"]]
     fields["payload"] = json.loads(fields["payload"])
+    if fields["progress"] is not None:
+        fields["progress"] = json.loads(fields["progress"])
     return Job.from_fields(fields)
 
 

@@ -15,7 +15,7 @@ from agora_pg.schedules import ERROR_BACKOFF_CAP_SECONDS
 JOB_COLUMNS = (
     "id, name, kind, queue, status, payload::text AS payload, priority, run_at, retry_count, "
     "max_retries, error_message, dedup_key, created_at, started_at, finished_at, locked_by, "
-    "lease_expires_at, attempt, lost_count, timeout_seconds, cancel_requested_at"
+    "lease_expires_at, attempt, lost_count, timeout_seconds, cancel_requested_at, progress::text AS progress"
 )
 # What an insert returns: only what the database chose. Everything else is what the
 # caller just sent (for 5,000-row batches, sending all 18 columns back and decoding
@@ -91,7 +91,7 @@ _CLAIM_UPDATE = f"""
 UPDATE agora.jobs AS j
 SET status = 'processing', started_at = now(), finished_at = NULL, locked_by = $3,
     lease_expires_at = now() + make_interval(secs => $4), attempt = j.attempt + 1,
-    cancel_requested_at = NULL
+    cancel_requested_at = NULL, progress = NULL
 FROM next WHERE j.id = next.id
 RETURNING {", ".join("j." + c.strip() for c in JOB_COLUMNS.split(","))}
 """
@@ -148,7 +148,9 @@ SELECT id, pg_notify('agora_jobs', queue) FROM released
 # jobs_lease_idx, and with statistics taken while nothing ran the planner drove the join
 # from that index, rescanning the id array per row (quadratic: 75 ms for 500 jobs).
 
-# Mark attempts (id, attempt) done and record their runs; returns the ids that were still theirs.
+# Mark attempts (id, attempt) done and record their runs (with the attempt's last progress
+# report); returns the ids that were still theirs, and wakes the event streams (one
+# notification per statement: PostgreSQL folds identical ones of a transaction).
 COMPLETE_SUCCEEDED = """
 WITH finished AS (
     UPDATE agora.jobs AS j
@@ -156,11 +158,13 @@ WITH finished AS (
         cancel_requested_at = NULL
     FROM unnest($1::bigint[], $2::int[]) AS t(id, attempt)
     WHERE j.id = t.id AND j.attempt = t.attempt AND j.locked_by = $3
-    RETURNING j.id, j.attempt, j.started_at
+    RETURNING j.id, j.attempt, j.started_at, j.progress
+), recorded AS (
+    INSERT INTO agora.runs (job_id, attempt, worker_id, started_at, finished_at, status, progress)
+    SELECT id, attempt, $3, started_at, now(), 'succeeded', progress FROM finished
+    RETURNING job_id
 )
-INSERT INTO agora.runs (job_id, attempt, worker_id, started_at, finished_at, status)
-SELECT id, attempt, $3, started_at, now(), 'succeeded' FROM finished
-RETURNING job_id
+SELECT job_id, (SELECT pg_notify('agora_events', '')) AS events_woken FROM recorded
 """
 
 # Record every other outcome of attempts (id, attempt) held by worker $1 (outcomes.OutcomeKind):
@@ -196,16 +200,19 @@ WITH outcome AS (
         locked_by = NULL, lease_expires_at = NULL, cancel_requested_at = NULL
     FROM outcome AS o
     WHERE j.id = o.id AND j.attempt = o.attempt AND j.locked_by = $1
-    RETURNING j.id, j.attempt, j.started_at, j.queue, j.status, o.kind, o.error_type, o.error_message, o.traceback
+    RETURNING j.id, j.attempt, j.started_at, j.queue, j.status, j.progress, o.kind, o.error_type, o.error_message,
+              o.traceback
 ), recorded AS (
     INSERT INTO agora.runs (job_id, attempt, worker_id, started_at, finished_at, status, error_type,
-                            error_message, traceback)
+                            error_message, traceback, progress)
     SELECT id, attempt, $1, started_at, now(),
            CASE kind WHEN 'failed' THEN 'failed' WHEN 'lost' THEN 'abandoned' ELSE 'cancelled' END,
-           error_type, error_message, traceback
+           error_type, error_message, traceback, progress
     FROM finished
 )
-SELECT id, CASE WHEN status = 'pending' THEN pg_notify('agora_jobs', queue) END AS woken FROM finished
+SELECT id, CASE WHEN status = 'pending' THEN pg_notify('agora_jobs', queue) END AS woken,
+       (SELECT pg_notify('agora_events', '')) AS events_woken
+FROM finished
 """
 
 # Give back attempts (id, attempt) that worker $1 claimed but never started (a claim whose
@@ -253,10 +260,11 @@ WITH lost AS (
         run_at = now(), finished_at = now(), locked_by = NULL, lease_expires_at = NULL,
         cancel_requested_at = NULL
     FROM lost WHERE j.id = lost.id
-    RETURNING j.id, j.attempt, j.started_at, j.queue, j.status, j.error_message, lost.locked_by
+    RETURNING j.id, j.attempt, j.started_at, j.queue, j.status, j.error_message, j.progress, lost.locked_by
 ), recorded AS (
-    INSERT INTO agora.runs (job_id, attempt, worker_id, started_at, finished_at, status, error_type, error_message)
-    SELECT id, attempt, locked_by, started_at, now(), 'abandoned', 'WorkerLost', error_message FROM rescued
+    INSERT INTO agora.runs (job_id, attempt, worker_id, started_at, finished_at, status, error_type, error_message,
+                            progress)
+    SELECT id, attempt, locked_by, started_at, now(), 'abandoned', 'WorkerLost', error_message, progress FROM rescued
 )
 SELECT id, CASE WHEN status = 'pending' THEN pg_notify('agora_jobs', queue) END AS woken FROM rescued
 """
@@ -491,7 +499,7 @@ PING = "SELECT 1"
 
 RUN_COLUMNS = (
     "id, job_id, pipeline_id, attempt, worker_id, started_at, finished_at, status, error_type, "
-    "error_message, scheduled_for, traceback"
+    "error_message, scheduled_for, traceback, progress::text AS progress"
 )
 
 # Filters a job listing may combine: each compares one column with one parameter.
@@ -719,3 +727,129 @@ DELETE FROM agora.dead_letters WHERE id IN (
     SELECT id FROM agora.dead_letters WHERE replayed_at < now() - $1::interval ORDER BY id LIMIT $2
 )
 """
+
+# -- progress and the event stream (agora_pg.events) ----------------------------------
+
+EVENTS_CHANNEL = "agora_events"  # payload '' (tables changed: read them) or a progress event (JSON)
+
+# Worker $1 stores the latest progress of attempts (id, attempt, report JSON) it still
+# holds, and publishes each (a report too big for a notification goes without its message).
+REPORT_JOB_PROGRESS = f"""
+WITH reported AS (
+    UPDATE agora.jobs AS j SET progress = t.progress::jsonb
+    FROM unnest($2::bigint[], $3::int[], $4::text[]) AS t(id, attempt, progress)
+    WHERE j.id = t.id AND j.attempt = t.attempt AND j.locked_by = $1
+    RETURNING j.id, j.attempt, j.kind, j.queue, j.progress
+), published AS (
+    SELECT json_build_object('type', 'job.progress', 'job_id', id, 'attempt', attempt, 'kind', kind,
+                             'queue', queue, 'progress', progress)::text AS event,
+           json_build_object('type', 'job.progress', 'job_id', id, 'attempt', attempt, 'kind', kind,
+                             'queue', queue, 'progress', progress - 'message')::text AS short_event
+    FROM reported
+)
+SELECT pg_notify('{EVENTS_CHANNEL}', CASE WHEN octet_length(event) < 7900 THEN event ELSE short_event END)
+FROM published
+"""
+
+# Store and publish the progress $2 (JSON) of pipeline run $1 while it runs.
+REPORT_RUN_PROGRESS = f"""
+WITH reported AS (
+    UPDATE agora.runs SET progress = $2::text::jsonb
+    WHERE id = $1 AND finished_at IS NULL
+    RETURNING id, pipeline_id, progress
+)
+SELECT pg_notify('{EVENTS_CHANNEL}', json_build_object('type', 'run.progress', 'run_id', id,
+                                                       'pipeline_id', pipeline_id, 'progress', progress)::text)
+FROM reported
+"""
+
+# The time before which every change is committed (and so visible): the start of the
+# oldest open transaction of another client of this database (one that has not written
+# yet may still write rows stamped with its start), but no further back than $1 seconds.
+# Rows are stamped with their transaction's now(), so a row stamped earlier than this
+# cannot still appear.
+EVENTS_SAFE_TIME = """
+SELECT now() AS now, greatest(
+    least(now(), (SELECT min(xact_start) FROM pg_stat_activity
+                  WHERE datname = current_database() AND pid <> pg_backend_pid()
+                    AND backend_type = 'client backend' AND state <> 'idle')),
+    now() - make_interval(secs => $1)) AS safe
+"""
+
+# Every event source reads rows stamped at or after $1, after the key ($6 time, $7 id)
+# of the page before, at most $8, matching the filters $2 job id, $3 kind, $4 queue and
+# $5 pipeline id (NULL: any), in (time, id) order, with the columns of EVENT_COLUMNS.
+EVENT_COLUMNS = (
+    "t", "key_id", "job_id", "run_id", "pipeline_id", "kind", "queue", "job_status", "attempt",
+    "outcome", "error", "retry_at", "worker_id", "scheduled_for", "progress",
+)
+_JOB_FILTERS = ("($2::bigint IS NULL OR j.id = $2) AND ($3::text IS NULL OR j.kind = $3) "
+                "AND ($4::text IS NULL OR j.queue = $4) AND $5::text IS NULL")
+
+
+def _event_source(select: str, time: str, key: str, source: str, where: str) -> str:
+    return f"""
+SELECT {time} AS t, {key} AS key_id, {select}
+FROM {source}
+WHERE {time} >= $1 AND ({time}, {key}) > ($6::timestamptz, $7::bigint) AND {where}
+ORDER BY {time}, {key}
+LIMIT $8
+"""
+
+
+# job.enqueued: jobs inserted (the BRIN index on created_at finds the recent ones).
+EVENTS_ENQUEUED = _event_source(
+    "j.id AS job_id, NULL::bigint AS run_id, NULL::text AS pipeline_id, j.kind, j.queue, j.status AS job_status, "
+    "j.attempt, NULL::text AS outcome, NULL::text AS error, j.run_at AS retry_at, NULL::text AS worker_id, "
+    "NULL::timestamptz AS scheduled_for, NULL::text AS progress",
+    "j.created_at", "j.id", "agora.jobs AS j", _JOB_FILTERS,
+)
+
+# job.started: attempts running now that began at or after $1 (jobs_lease_idx holds the running ones).
+EVENTS_STARTED = _event_source(
+    "j.id AS job_id, NULL::bigint AS run_id, NULL::text AS pipeline_id, j.kind, j.queue, j.status AS job_status, "
+    "j.attempt, NULL::text AS outcome, NULL::text AS error, NULL::timestamptz AS retry_at, j.locked_by AS worker_id, "
+    "NULL::timestamptz AS scheduled_for, j.progress::text AS progress",
+    "j.started_at", "j.id", "agora.jobs AS j", f"j.status = 'processing' AND {_JOB_FILTERS}",
+)
+
+# job.finished and run.finished: every attempt or pipeline run that ended, with its job
+# as it is now (retry_at: the job will run again then, from this attempt's failure).
+EVENTS_FINISHED = _event_source(
+    "r.job_id, r.id AS run_id, r.pipeline_id, j.kind, j.queue, j.status AS job_status, r.attempt, "
+    "r.status AS outcome, r.error_message AS error, "
+    "CASE WHEN j.attempt = r.attempt AND (j.status = 'pending' OR (j.status = 'failed' "
+    "AND j.retry_count < j.max_retries)) THEN j.run_at END AS retry_at, r.worker_id, r.scheduled_for, "
+    "r.progress::text AS progress",
+    "r.finished_at", "r.id", "agora.runs AS r LEFT JOIN agora.jobs AS j ON j.id = r.job_id",
+    "($2::bigint IS NULL OR r.job_id = $2) AND ($3::text IS NULL OR j.kind = $3) "
+    "AND ($4::text IS NULL OR j.queue = $4) AND ($5::text IS NULL OR r.pipeline_id = $5)",
+)
+
+# job.cancelled: jobs cancelled while not running (a running one's cancel ends its attempt).
+EVENTS_CANCELLED = _event_source(
+    "j.id AS job_id, NULL::bigint AS run_id, NULL::text AS pipeline_id, j.kind, j.queue, j.status AS job_status, "
+    "j.attempt, 'cancelled' AS outcome, j.error_message AS error, NULL::timestamptz AS retry_at, "
+    "NULL::text AS worker_id, NULL::timestamptz AS scheduled_for, NULL::text AS progress",
+    "j.finished_at", "j.id", "agora.jobs AS j",
+    f"j.status = 'cancelled' AND {_JOB_FILTERS} AND NOT EXISTS "
+    "(SELECT 1 FROM agora.runs AS r WHERE r.job_id = j.id AND r.finished_at = j.finished_at)",
+)
+
+# run.started: pipeline runs begun at or after $1.
+EVENTS_RUN_STARTED = _event_source(
+    "NULL::bigint AS job_id, r.id AS run_id, r.pipeline_id, NULL::text AS kind, NULL::text AS queue, "
+    "NULL::text AS job_status, r.attempt, NULL::text AS outcome, NULL::text AS error, "
+    "NULL::timestamptz AS retry_at, r.worker_id, r.scheduled_for, r.progress::text AS progress",
+    "r.started_at", "r.id", "agora.runs AS r",
+    "r.pipeline_id IS NOT NULL AND $2::bigint IS NULL AND $3::text IS NULL AND $4::text IS NULL "
+    "AND ($5::text IS NULL OR r.pipeline_id = $5)",
+)
+
+EVENT_SOURCES = {
+    "job.enqueued": EVENTS_ENQUEUED,
+    "job.started": EVENTS_STARTED,
+    "job.cancelled": EVENTS_CANCELLED,
+    "run.started": EVENTS_RUN_STARTED,
+    "finished": EVENTS_FINISHED,  # job.finished or run.finished, by the row
+}

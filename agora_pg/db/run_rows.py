@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
@@ -24,10 +25,14 @@ class RunRow:
     error_message: str | None
     scheduled_for: datetime | None
     traceback: str | None = None
+    progress: dict[str, Any] | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> RunRow:
-        return cls(**{field.name: row[field.name] for field in dataclasses.fields(cls)})
+        fields = {field.name: row[field.name] for field in dataclasses.fields(cls)}
+        if fields["progress"] is not None:
+            fields["progress"] = json.loads(fields["progress"])
+        return cls(**fields)
 
 
 @dataclasses.dataclass(frozen=True)

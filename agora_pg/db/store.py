@@ -472,6 +472,35 @@ class Store:
             schedules_in_backoff=sum(row["in_backoff"] for row in schedules),
         )
 
+    # -- progress and events ---------------------------------------------------------
+
+    async def report_job_progress(self, worker_id: str, reports: Sequence[tuple[int, int, str]]) -> None:
+        """Store and publish the latest progress (JSON) of attempts ``(job_id, attempt)`` this
+        worker still holds (``queries.REPORT_JOB_PROGRESS``)."""
+        await self._fetch(
+            queries.REPORT_JOB_PROGRESS, worker_id,
+            [r[0] for r in reports], [r[1] for r in reports], [r[2] for r in reports],
+        )
+
+    async def report_run_progress(self, run_id: int, document: str) -> None:
+        """Store and publish a running pipeline run's progress (JSON)."""
+        await self._fetch(queries.REPORT_RUN_PROGRESS, run_id, document)
+
+    async def event_times(self, max_lag_seconds: float) -> tuple[datetime, datetime]:
+        """The database's now, and the time before which every change is committed
+        (``queries.EVENTS_SAFE_TIME``)."""
+        rows = await self._fetch(queries.EVENTS_SAFE_TIME, max_lag_seconds)
+        return rows[0]["now"], rows[0]["safe"]
+
+    async def read_events(
+        self, source: str, since: datetime, filters: tuple[Any, ...],
+        after: tuple[datetime, int] | None, limit: int,
+    ) -> list[asyncpg.Record]:
+        """One page of an event source (``queries.EVENT_SOURCES``): rows stamped at or
+        after ``since``, past the ``after`` key of the page before, in order."""
+        after_time, after_key = after if after is not None else (since, -1)
+        return await self._fetch(queries.EVENT_SOURCES[source], since, *filters, after_time, after_key, limit)
+
     # -- pruning -------------------------------------------------------------------
 
     async def prune(self, retention: Retention, batch_size: int = 1000) -> PruneReport:

@@ -10,13 +10,16 @@ import dataclasses
 import inspect
 import logging
 import os
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
+from agora_pg import progress
 from agora_pg.db.connect import resolve_database
 from agora_pg.db.pipeline_state import Checkpoint, DeadLetter, PipelineState
 from agora_pg.db.store import Store
-from agora_pg.errors import AgoraError
+from agora_pg.errors import AgoraError, DatabaseUnavailable
 from agora_pg.pipelines.records import Record, Rejected
 from agora_pg.pipelines.sinks import BatchState, Sink, dead_letter
 from agora_pg.pipelines.sources import Source
@@ -169,6 +172,7 @@ class BuiltPipeline:
                 resume_after = saved.position
                 log.info("pipeline %s resumes %s after %s", self.id, pipeline.source.name, resume_after)
         batches = read = passed = rejected_total = sink_rejected_total = 0
+        reported_at = 0.0  # (time.monotonic() of the last progress report)
         first_error: str | None = None
         async for batch in pipeline.source.read(pipeline.batch_size, resume_after):
             attributes = {"pipeline.id": self.id, "batch.index": batches}
@@ -189,6 +193,9 @@ class BuiltPipeline:
                     batch_span.set_attributes({"records.read": len(batch.records) + len(batch.rejected),
                                                "records.passed": len(kept),
                                                "records.rejected": len(rejected) + len(sink_rejected)})
+            if time.monotonic() - reported_at >= progress.REPORT_INTERVAL_SECONDS:
+                await self._report_progress(run, read, passed - sink_rejected_total, rejected_total)
+                reported_at = time.monotonic()
             if rejected_total > pipeline.max_dead_letters:
                 raise TooManyDeadLetters(
                     f"pipeline {self.id}: {rejected_total} records rejected in this run, more than "
@@ -202,6 +209,7 @@ class BuiltPipeline:
                 )
         report = RunReport(self.id, batches, read, passed, rejected_total, resume_after,
                            written=passed - sink_rejected_total)
+        await self._report_progress(run, report.read, report.written, report.dead_letters)
         log.info("pipeline %s%s: %d records read, %d written, %d dead-lettered (%d batches)", self.id,
                  f" run {run.run_id}" if run.run_id is not None else "", report.read, report.written,
                  report.dead_letters, report.batches)
@@ -212,6 +220,16 @@ class BuiltPipeline:
                 f"(see agora-pg dlq list --pipeline {self.id})"
             )
         return report
+
+    async def _report_progress(self, run: PipelineRun, read: int, written: int, rejected: int) -> None:
+        """Store and publish the run's counts so far (a run outside the scheduler has no row)."""
+        if run.run_id is None:
+            return
+        document = progress.as_json(progress.pipeline_progress(read, written, rejected, datetime.now(UTC)))
+        try:
+            await run.store.report_run_progress(run.run_id, document)
+        except DatabaseUnavailable as error:
+            log.warning("pipeline %s run %s: progress not written: %s", self.id, run.run_id, error)
 
     async def _steps(self, records: list[Record]) -> tuple[list[Record], list[Rejected]]:
         kept: list[Record] = []

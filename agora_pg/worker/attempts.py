@@ -15,6 +15,7 @@ from typing import Any
 from agora_pg.jobs import Job
 from agora_pg.outcomes import SUCCEEDED, Outcome, StopReason, outcome_of
 from agora_pg.runtime.leases import LeaseToken
+from agora_pg.worker.context import ProgressReporter, current_attempt
 from agora_pg.worker.handlers import Handler, KindOptions, UnknownJobKind, handler_name
 
 log = logging.getLogger("agora_pg.worker")
@@ -43,6 +44,7 @@ class Attempt:
     fence_at: float = 0.0  # the lease supervisor's bookkeeping (LeaseHolder)
     stopped_for: tuple[StopReason, ...] = ()
     outcome: Outcome | None = None  # how it ended, once it has
+    reporter: ProgressReporter | None = None  # where ``job_context().progress()`` goes
 
     @property
     def token(self) -> LeaseToken:
@@ -78,6 +80,7 @@ async def run_attempt(attempt: Attempt, resources: Any) -> Outcome | None:
     shutdown holds the attempt (its slot and its lease) until its thread returns. None:
     a sync handler still running at shutdown, left as it is (nothing may be recorded
     while it runs: its lease expires once the process has exited)."""
+    current_attempt.set(attempt)  # (the attempt's own task: nothing to reset)
     try:
         if attempt.is_async:  # (the common case first, and without a frame of its own)
             await attempt.handler(attempt.job, resources)  # type: ignore[misc]

@@ -33,6 +33,7 @@ from agora_pg.runtime.process import ErrorWait, check_schema, new_worker_id, war
 from agora_pg.settings import Settings, load_settings
 from agora_pg.worker.attempts import DEFAULT_OPTIONS, Attempt, run_attempt
 from agora_pg.worker.completer import Completer
+from agora_pg.worker.context import ProgressReporter
 from agora_pg.worker.handlers import Handler, Handlers, is_async_handler
 from agora_pg.worker.job_rescuer import JobRescuer
 
@@ -141,6 +142,7 @@ class _WorkerRun:
         self.resources = resources
         self.supervisor = supervisor
         self.completer = Completer(store, worker.id, settings, supervisor, random.Random())
+        self.progress = ProgressReporter(store, worker.id)
         self.rescuer = JobRescuer(store, settings.max_lost_attempts, settings.max_retries)
         self.running: set[Attempt] = set()  # by identity, not job id: a job may come back to this worker
         self.suspects_running = 0  # attempts of jobs with lost attempts (at most one is claimed at a time)
@@ -162,6 +164,7 @@ class _WorkerRun:
         )
         self._start_side(self._completer_loop(), "completer")
         self._start_side(self._enforce_timeouts(), "timeouts")
+        self._start_side(self.progress.run(self.side_stop), "progress")
         rescue_interval = min(max(settings.lease_seconds / 10, 0.5), 5.0)
         self._start_side(self._every(rescue_interval, self.rescuer.run_once, "rescuing jobs of lost workers"),
                          "job_rescuer")
@@ -262,6 +265,7 @@ class _WorkerRun:
             attempt = Attempt(
                 job, worker.handlers.get(job.kind), job.kind in worker.async_kinds, options, timeout,
                 deadline=None if timeout is None else claimed_at + timeout, known_kinds=self.known_kinds,
+                reporter=self.progress,
             )
             attempt.task = asyncio.create_task(self._run(attempt), name=f"job-{job.id}")
             self.running.add(attempt)
