@@ -17,7 +17,7 @@ from typing import Any
 
 from datetime import UTC, datetime, timedelta
 
-from agora_pg import Job, Worker
+from agora_pg import Job, Worker, job_context
 from agora_pg.families import FamilyRegistry
 from agora_pg.runner import Schedule, ScheduledPipeline, WorkerPool
 from families.appointment_reminder import register_appointment_reminder
@@ -41,8 +41,13 @@ async def echo(job: Job, resources: Resources) -> None:
 
 
 async def sleep(job: Job, resources: Resources) -> None:
-    """Sleep ``payload["seconds"]`` (default 1): a slow job for trying shutdown."""
-    await asyncio.sleep(float(job.payload.get("seconds", 1)))
+    """Sleep ``payload["seconds"]`` (default 1), reporting progress ten times: a slow job
+    for trying shutdown, and for watching progress bars move."""
+    seconds = float(job.payload.get("seconds", 1))
+    context = job_context()
+    for step in range(1, 11):
+        await asyncio.sleep(seconds / 10)
+        await context.progress(step, 10, f"slept {seconds * step / 10:g} of {seconds:g} s")
 
 
 def fail(job: Job, resources: Resources) -> None:

@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import io
+import json
 import os
 import signal
 import statistics
@@ -171,6 +173,18 @@ DELETE FROM part_bench.runs_flat WHERE id IN (
 # agora-pg's own job-pruning statement, on the copies.
 PRUNE_JOBS_COPY = queries.PRUNE_JOBS.replace("agora.jobs", "part_bench.jobs")
 PRUNE_JOBS_ALONE = queries.PRUNE_JOBS.replace("agora.jobs", "part_bench.jobs_alone")
+EXPLAIN_CASCADE = "EXPLAIN (FORMAT JSON) DELETE FROM part_bench.runs WHERE job_id = $1"
+
+
+def plan_scans(node: dict[str, Any]) -> list[str]:
+    """The scan nodes of an EXPLAIN (FORMAT JSON) plan, as "Index Scan using <index>" etc."""
+    found = []
+    if "Scan" in node["Node Type"]:
+        index = node.get("Index Name")
+        found.append(node["Node Type"] + (" (one per partition's index)" if index else ""))
+    for child in node.get("Plans", []):
+        found.extend(plan_scans(child))
+    return found
 
 
 # -- helpers ----------------------------------------------------------------------------
@@ -500,6 +514,18 @@ async def part_partition(settings: Settings, args: argparse.Namespace) -> None:
             retention = Retention(finished=age, failed=age)
             await monitor.execute("CHECKPOINT")
             prune_s, _, report = await timed_prune(store, retention, args.batch_size)
+            # What VACUUM and VACUUM FULL give when the live rows are the newer three quarters.
+            exact = await has_pgstattuple(monitor)
+            print(f"Store.prune() of the jobs older than {keep} days: {prune_s:.2f} s", flush=True)
+            shots = [await snapshot(monitor, f"{keep}-day retention: right after prune", exact)]
+            vacuum_times = [(await timed(monitor, f"VACUUM (ANALYZE) {table}"))[0] for table in TABLES]
+            shots.append(await snapshot(monitor, f"{keep}-day retention: after VACUUM (ANALYZE)", exact))
+            full_times = [(await timed(monitor, f"VACUUM FULL {table}"))[0] for table in TABLES]
+            shots.append(await snapshot(monitor, f"{keep}-day retention: after VACUUM FULL", exact))
+            print_index_table(shots)
+            print(f"\nVACUUM (ANALYZE): agora.jobs {vacuum_times[0]:.2f} s, agora.runs {vacuum_times[1]:.2f} s; "
+                  f"VACUUM FULL (ACCESS EXCLUSIVE lock for its whole duration): agora.jobs {full_times[0]:.2f} s, "
+                  f"agora.runs {full_times[1]:.2f} s\n", flush=True)
 
             # (2) runs only, delete-based, unpartitioned copy: batches of batch_size.
             await monitor.execute("CHECKPOINT")
@@ -537,6 +563,10 @@ async def part_partition(settings: Settings, args: argparse.Namespace) -> None:
                         return time.perf_counter() - began, total
 
             jobs_cascade_s, jobs_cascade_n = await prune_copy(PRUNE_JOBS_COPY)
+            # How the cascade's DELETE reaches the partitioned runs (planned only, nothing deleted).
+            some_job = await monitor.fetchval("SELECT min(job_id) FROM part_bench.runs")
+            plan = json.loads(await monitor.fetchval(EXPLAIN_CASCADE, some_job))
+            scans = collections.Counter(plan_scans(plan[0]["Plan"]))
             # (5) the same jobs delete with nothing referencing the table: the floor.
             jobs_alone_s, jobs_alone_n = await prune_copy(PRUNE_JOBS_ALONE)
 
@@ -556,6 +586,8 @@ async def part_partition(settings: Settings, args: argparse.Namespace) -> None:
                   f"| {jobs_cascade_s:.2f} | {jobs_cascade_n / jobs_cascade_s:,.0f} |")
             print(f"| jobs delete with nothing referencing jobs (floor) | {jobs_alone_n:,} | {jobs_alone_s:.2f} "
                   f"| {jobs_alone_n / jobs_alone_s:,.0f} |")
+            print("\nthe cascade's DELETE FROM part_bench.runs WHERE job_id = $1 is planned as: "
+                  + "; ".join(f"{count} x {kind}" for kind, count in scans.most_common()))
             print(f"\npartitioned design in total (drop + jobs delete): {drop_s + jobs_cascade_s:.2f} s versus "
                   f"{prune_s:.2f} s for today's prune ({prune_s / (drop_s + jobs_cascade_s):.2f}x)")
             print(f"partitioned without the foreign key (runs go only with their partition; a deleted job's "

@@ -80,7 +80,8 @@ class ProgressReporter:
     them all in one statement at most every ``interval`` seconds (so a handler reporting
     in a tight loop costs the server two writes a second at most). A report that cannot
     be written (the database is away) is dropped with a log line: progress never fails
-    a job. Reports of an attempt that has ended are ignored by the statement's fence."""
+    a job. An attempt's last pending report is written (``flush``) before its outcome, so
+    that its run keeps it; reports that come after are ignored by the statement's fence."""
 
     def __init__(self, store: Store, worker_id: str,
                  interval: float = progress_reports.REPORT_INTERVAL_SECONDS) -> None:
@@ -103,6 +104,26 @@ class ProgressReporter:
         self._pending[(job_id, attempt)] = document
         self._wake.set()
 
+    def has_pending(self, job_id: int, attempt: int) -> bool:
+        return (job_id, attempt) in self._pending
+
+    async def flush(self, job_id: int, attempt: int) -> None:
+        """Write the attempt's pending report now: its last report before it ends is the
+        one kept with its run."""
+        document = self._pending.pop((job_id, attempt), None)
+        if document is not None:
+            await self._write({(job_id, attempt): document})
+
+    async def _write(self, reports: dict[tuple[int, int], str]) -> None:
+        try:
+            await self.store.report_job_progress(
+                self.worker_id, [(job_id, attempt, document) for (job_id, attempt), document in reports.items()]
+            )
+        except DatabaseUnavailable as error:
+            log.warning("progress of %d job(s) not written: %s", len(reports), error)
+        except Exception:
+            log.exception("progress of %d job(s) not written", len(reports))
+
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             await wait_for_event(self._wake, 1.0)
@@ -110,12 +131,5 @@ class ProgressReporter:
             if not self._pending:
                 continue
             reports, self._pending = self._pending, {}
-            try:
-                await self.store.report_job_progress(
-                    self.worker_id, [(job_id, attempt, document) for (job_id, attempt), document in reports.items()]
-                )
-            except DatabaseUnavailable as error:
-                log.warning("progress of %d job(s) not written: %s", len(reports), error)
-            except Exception:
-                log.exception("progress of %d job(s) not written", len(reports))
+            await self._write(reports)
             await wait_for_event(stop, self.interval)

@@ -277,6 +277,8 @@ class _WorkerRun:
     async def _run(self, attempt: Attempt) -> Outcome | None:
         try:
             outcome = await run_attempt(attempt, self.resources)
+            if outcome is not None and self.progress.has_pending(attempt.job.id, attempt.job.attempt):
+                await self.progress.flush(attempt.job.id, attempt.job.attempt)
             if outcome is not None:
                 if outcome.traceback is not None:
                     log.warning("%s failed: %s\n%s", attempt.description, outcome.error_message, outcome.traceback)

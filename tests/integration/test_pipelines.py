@@ -221,8 +221,10 @@ async def test_scheduled_pipeline_records_run_ids_and_spans(store: Store, settin
         await asyncio.wait_for(task, 15)
     finally:
         trace._TRACER_PROVIDER = tracer_before  # type: ignore[attr-defined]
-    [run] = await fetch(store, "SELECT id, status FROM agora.runs WHERE pipeline_id = 'traced'")
+    [run] = await fetch(store, "SELECT id, status, progress::text FROM agora.runs WHERE pipeline_id = 'traced'")
     assert run["status"] == "succeeded"
+    progress = json.loads(run["progress"])  # written by the run without any code of the pipeline's
+    assert (progress["read"], progress["written"], progress["rejected"]) == (2, 1, 1)
     [letter] = await PipelineState(store).dead_letters("traced", False, 10)
     assert (letter.run_id, letter.stage) == (run["id"], "map:to_int")
     spans = {span.name: span for span in exporter.get_finished_spans()}
