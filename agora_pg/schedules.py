@@ -164,3 +164,37 @@ def error_backoff(consecutive_errors: int, base_seconds: float) -> float:
     if consecutive_errors < 1:
         raise ValueError("consecutive_errors must be >= 1")
     return min(ERROR_BACKOFF_CAP_SECONDS, base_seconds * 2.0 ** min(consecutive_errors - 1, 62))
+
+
+def describe_spec(spec: str) -> str:
+    """A stored ``schedule_spec`` in words, for people: ``every 3600s`` -> ``every hour``,
+    ``cron 30 2 * * * UTC`` -> ``daily at 02:30 (UTC)``; anything else as it is."""
+    kind, _, rest = spec.partition(" ")
+    if kind == "every":
+        try:
+            seconds = float(rest.removesuffix("s"))
+        except ValueError:
+            return spec
+        for unit, size in (("day", 86_400), ("hour", 3_600), ("minute", 60)):
+            if seconds >= size and seconds % size == 0:
+                count = int(seconds // size)
+                return f"every {unit}" if count == 1 else f"every {count} {unit}s"
+        return f"every {seconds:g} seconds"
+    if kind == "cron":
+        fields = rest.split()
+        if len(fields) != 6:
+            return spec
+        minute, hour, day, month, weekday, timezone = fields
+        if (day, month, weekday) == ("*", "*", "*"):
+            if (minute, hour) == ("*", "*"):
+                return f"every minute ({timezone})"
+            if minute.isdigit() and hour == "*":
+                return f"hourly at minute {int(minute)} ({timezone})"
+            if minute.isdigit() and hour.isdigit():
+                return f"daily at {int(hour):02d}:{int(minute):02d} ({timezone})"
+        return f"cron {' '.join(fields[:5])} ({timezone})"
+    if kind == "continuous":
+        return "continuously (the next run starts when one ends)"
+    if kind == "once":
+        return f"once ({rest.removeprefix('key=')})" if rest else "once per launch"
+    return spec

@@ -18,6 +18,7 @@ from litestar._openapi.plugin import OpenAPIPlugin  # (its cached document is wh
 
 from agora_pg.api import openapi
 from agora_pg.api.auth import PUBLIC, token_guard
+from agora_pg.api.dashboard import DashboardFragments, DashboardPages, static_files, template_config
 from agora_pg.api.errors import error_response
 from agora_pg.api.events import stream_events
 from agora_pg.api.exposure import local_only
@@ -58,7 +59,9 @@ def create_app(settings: Settings, *, allow_remote: bool = False) -> Litestar:
     app = Litestar(
         route_handlers=[JobController, ScheduleController, RunController, stream_events, health, ready, metrics,
                         create_static_files_router("/schema/static", directories=[STATIC], include_in_schema=False,
-                                                   opt={PUBLIC: True})],
+                                                   opt={PUBLIC: True}),
+                        DashboardPages, DashboardFragments, static_files()],
+        template_config=template_config(),
         dependencies={
             "store": Provide(_store, sync_to_thread=False),
             "settings": Provide(lambda: settings, sync_to_thread=False),

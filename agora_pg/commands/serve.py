@@ -109,6 +109,7 @@ async def run_dev(host: str, port: int, module: str, health_port: int | None, lo
         }
         print(
             f"agora-pg dev: database {database.display_url}\n"
+            f"agora-pg dev: dashboard on http://{host}:{port}/ (live jobs, progress and schedules)\n"
             f"agora-pg dev: API on http://{host}:{port} (OpenAPI at /schema), worker running {module}.py\n"
             f"agora-pg dev: worker health on http://127.0.0.1:{health_port}/health, /ready and /metrics\n"
             "agora-pg dev: Ctrl+C stops both",

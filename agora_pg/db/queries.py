@@ -853,3 +853,49 @@ EVENT_SOURCES = {
     "run.started": EVENTS_RUN_STARTED,
     "finished": EVENTS_FINISHED,  # job.finished or run.finished, by the row
 }
+
+# -- the dashboard (agora_pg.api.dashboard): read-only -----------------------------------
+
+# Attempts and pipeline runs finished per minute over the last hour, by outcome.
+DASHBOARD_THROUGHPUT = """
+SELECT extract(epoch FROM date_trunc('minute', finished_at))::bigint AS minute,
+       count(*) FILTER (WHERE status = 'succeeded') AS succeeded,
+       count(*) FILTER (WHERE status <> 'succeeded') AS failed
+FROM agora.runs
+WHERE finished_at > now() - interval '1 hour'
+GROUP BY 1 ORDER BY 1
+"""
+
+# Workers that renewed their heartbeat in the last $1 seconds, with the jobs they run now.
+DASHBOARD_WORKERS = """
+SELECT w.id, w.hostname, w.pid, w.queues, w.started_at, w.last_heartbeat_at,
+       extract(epoch FROM now() - w.last_heartbeat_at) AS heartbeat_age,
+       (SELECT count(*) FROM agora.jobs AS j WHERE j.status = 'processing' AND j.locked_by = w.id) AS running
+FROM agora.workers AS w
+WHERE w.stopped_at IS NULL AND w.last_heartbeat_at > now() - make_interval(secs => $1)
+ORDER BY w.started_at
+"""
+
+# The queue right now (agora.queue_now).
+DASHBOARD_QUEUES = "SELECT queue, state, jobs, due, oldest_due_seconds FROM agora.queue_now ORDER BY queue, state"
+
+# Every schedule with its health (agora.schedule_health).
+DASHBOARD_SCHEDULES = "SELECT * FROM agora.schedule_health ORDER BY in_trouble DESC, pipeline_id"
+
+# The last $1 runs of each pipeline begun in the last day, newest first.
+DASHBOARD_PIPELINE_RUNS = """
+SELECT id, pipeline_id, status, started_at, finished_at, error_message, progress::text AS progress,
+       extract(epoch FROM coalesce(finished_at, now()) - started_at) AS seconds
+FROM (
+    SELECT *, row_number() OVER (PARTITION BY pipeline_id ORDER BY started_at DESC) AS newest
+    FROM agora.runs WHERE pipeline_id IS NOT NULL AND started_at > now() - interval '1 day'
+) AS recent
+WHERE newest <= $1
+ORDER BY pipeline_id, started_at DESC
+"""
+
+# The newest $1 dead letters waiting for a replay.
+DASHBOARD_DEAD_LETTERS = """
+SELECT id, pipeline_id, run_id, stage, record::text AS record, error_type, error_message, created_at
+FROM agora.dead_letters WHERE replayed_at IS NULL ORDER BY id DESC LIMIT $1
+"""

@@ -501,6 +501,10 @@ class Store:
         after_time, after_key = after if after is not None else (since, -1)
         return await self._fetch(queries.EVENT_SOURCES[source], since, *filters, after_time, after_key, limit)
 
+    async def read_rows(self, query: str, *args: Any) -> list[dict[str, Any]]:
+        """The rows of a read-only statement of ``queries`` (the dashboard's) as dicts."""
+        return [dict(row) for row in await self._fetch(query, *args)]
+
     # -- pruning -------------------------------------------------------------------
 
     async def prune(self, retention: Retention, batch_size: int = 1000) -> PruneReport:

@@ -121,11 +121,14 @@ async def test_dev_runs_api_and_worker_until_ctrl_c(database_url: str, processes
         assert [run["status"] for run in runs] == ["succeeded"]
         metrics = (await client.get("/metrics")).text
         assert 'agora_runs_recent{outcome="succeeded"}' in metrics
+        dashboard = await client.get("/")
+        assert dashboard.status_code == 200 and "/ui/fragments/overview" in dashboard.text
     os.kill(dev.pid, signal.SIGINT)
     output, _ = dev.communicate(timeout=60)
     text = output.decode(errors="replace")
     assert dev.returncode == 0, text
     assert f"API on http://127.0.0.1:{port}" in text
+    assert f"dashboard on http://127.0.0.1:{port}/" in text
     deadline = time.monotonic() + 10
     while any(child.is_running() and child.status() != psutil.STATUS_ZOMBIE for child in children):
         assert time.monotonic() < deadline, [child.pid for child in children if child.is_running()]

@@ -1,0 +1,81 @@
+"""The dashboard's pages and fragments, rendered from a real database (the browser test
+is tests/acceptance/test_dashboard_browser.py)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import httpx
+import pytest
+
+from agora_pg import Queue
+from agora_pg.db.schedule_rows import ScheduleRegistration
+from agora_pg.db.store import Store
+from agora_pg.settings import Settings
+
+from .helpers import record_failure
+from .test_api import TOKEN, api_client
+
+
+@pytest.fixture
+async def client(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+    async with api_client(settings) as test_client:
+        yield test_client
+
+
+async def test_pages_are_shells_that_load_their_fragment(client: httpx.AsyncClient) -> None:
+    for path, fragment in (("/", "/ui/fragments/overview"), ("/ui/jobs", "/ui/fragments/jobs"),
+                           ("/ui/jobs/12", "/ui/fragments/jobs/12"), ("/ui/jobs/x", "/ui/fragments/jobs/0"),
+                           ("/ui/schedules", "/ui/fragments/schedules"),
+                           ("/ui/dead-letters", "/ui/fragments/dead-letters")):
+        page = await client.get(path)
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html"), path
+        assert f'hx-get="{fragment}"' in page.text, path
+    script = await client.get("/ui/static/htmx/htmx.min.js")
+    assert script.status_code == 200 and len(script.content) > 40_000
+
+
+async def test_overview_job_and_schedule_fragments_show_the_database(
+    client: httpx.AsyncClient, queue: Queue, store: Store
+) -> None:
+    waiting = await queue.enqueue("mail", {"to": "<b>x</b>"}, queue="mail", run_at=datetime.now(UTC) - timedelta(minutes=3))
+    failing = await queue.enqueue("report", max_retries=0)
+    await store.register_worker("w-dash", "host", 7, ["default"])
+    [claimed] = await store.claim_jobs(["default"], 1, "w-dash", 30)
+    assert claimed.id == failing.id
+    await record_failure(store, failing.id, claimed.attempt, "w-dash", "ValueError: broke")
+    await store.upsert_schedule(ScheduleRegistration(
+        pipeline_id="nightly", kind="cron", spec="cron 30 2 * * * UTC",
+        first_run_at=datetime.now(UTC) - timedelta(hours=1), error_backoff_seconds=60, max_consecutive_errors=3,
+    ))
+
+    overview = (await client.get("/ui/fragments/overview")).text
+    assert ">mail</a>" in overview and "3 min" in overview  # the oldest due job's age
+    assert "w-dash" in overview  # a worker alive
+    assert "1 failed in the last hour" in overview
+    assert "nightly" in overview  # overdue with nobody running it
+
+    job = (await client.get(f"/ui/fragments/jobs/{waiting.id}")).text
+    assert "&lt;b&gt;x&lt;/b&gt;" in job and "<b>x</b>" not in job  # escaped
+    assert f'hx-post="/jobs/{waiting.id}/cancel"' in job and "/retry" not in job
+    failed = (await client.get(f"/ui/fragments/jobs/{failing.id}")).text
+    assert "ValueError: broke" in failed and f'hx-post="/jobs/{failing.id}/retry"' in failed
+    assert "No job 999999" in (await client.get("/ui/fragments/jobs/999999")).text
+
+    listed = (await client.get("/ui/fragments/jobs", params={"status": "failed", "kind": "", "queue": ""})).text
+    assert f'href="/ui/jobs/{failing.id}"' in listed and f'href="/ui/jobs/{waiting.id}"' not in listed
+    bad = await client.get("/ui/fragments/jobs", params={"status": "exploded"})
+    assert bad.status_code == 400 and bad.json()["field"] == "status"
+
+    schedules = (await client.get("/ui/fragments/schedules")).text
+    assert "daily at 02:30 (UTC)" in schedules and 'hx-post="/schedules/nightly/pause"' in schedules
+
+
+async def test_fragments_need_the_token_and_pages_do_not(settings: Settings) -> None:
+    async with api_client(settings.replace(api_token=TOKEN)) as client:
+        assert (await client.get("/")).status_code == 200
+        assert (await client.get("/ui/static/dashboard.js")).status_code == 200
+        assert (await client.get("/ui/fragments/overview")).status_code == 401
+        answer = await client.get("/ui/fragments/overview", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert answer.status_code == 200
