@@ -174,16 +174,20 @@ class EventStream:
         progress, self._progress = self._progress, []
         _now, safe = await self.store.event_times(self.max_lag_seconds)
         self.reads += 1
-        fresh: list[Event] = []
+        sent = 0
         async for events in self.read_since(start, EventFilter()):
+            fresh = []
             for event in events:
                 if event.key not in self._sent:
                     assert event.at is not None and event.key is not None
                     self._sent[event.key] = event.at
                     fresh.append(event)
+            if fresh:  # a page at a time: subscribers take each while the next is read
+                self._broadcast(_batch(fresh, start, start))
+                sent += len(fresh)
         safe = max(safe, start)
-        log.debug("event stream read from %s: %d fresh, cursor now %s", start, len(fresh), safe)
-        self._broadcast(_batch(fresh + progress, start, safe))
+        log.debug("event stream read from %s: %d fresh, cursor now %s", start, sent, safe)
+        self._broadcast(_batch(progress, start, safe))  # (the last batch of a read carries its new cursor)
         self._cursor = safe
         self._sent = {key: at for key, at in self._sent.items() if at >= safe}
 
@@ -210,6 +214,7 @@ class Subscription:
     def __init__(self, stream: EventStream, filters: EventFilter, since: datetime | None) -> None:
         self.stream = stream
         self.filters = filters
+        self._everything = filters == EventFilter()
         self.since = since
         self.cursor: str | None = cursor_of(since) if since is not None else None
         self.overflowed = False
@@ -220,7 +225,7 @@ class Subscription:
     def _put(self, batch: Batch) -> None:
         if self._ended:
             return
-        items = [item for item in batch.items if self.filters.matches(item[0])]
+        items = batch.items if self._everything else [item for item in batch.items if self.filters.matches(item[0])]
         if not items and batch.first_cursor is None:
             return
         self._pending += len(items)
