@@ -175,6 +175,7 @@ class EventStream:
         _now, safe = await self.store.event_times(self.max_lag_seconds)
         self.reads += 1
         sent = 0
+        held: list[Event] = []  # the newest page, sent last with the read's new cursor
         async for events in self.read_since(start, EventFilter()):
             fresh = []
             for event in events:
@@ -183,11 +184,13 @@ class EventStream:
                     self._sent[event.key] = event.at
                     fresh.append(event)
             if fresh:  # a page at a time: subscribers take each while the next is read
-                self._broadcast(_batch(fresh, start, start))
+                if held:
+                    self._broadcast(_batch(held, start, start))
+                held = fresh
                 sent += len(fresh)
         safe = max(safe, start)
         log.debug("event stream read from %s: %d fresh, cursor now %s", start, sent, safe)
-        self._broadcast(_batch(progress, start, safe))  # (the last batch of a read carries its new cursor)
+        self._broadcast(_batch(held + progress, start, safe))
         self._cursor = safe
         self._sent = {key: at for key, at in self._sent.items() if at >= safe}
 

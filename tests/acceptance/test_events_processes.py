@@ -76,7 +76,8 @@ async def test_events_follow_jobs_of_a_worker_process_and_replay_after_a_reconne
         await wait_status(client, second["id"], "done")
         async with client.stream("GET", "/events", params={"kind": "sleep"},
                                  headers={"Last-Event-ID": last_id}) as response:
-            after = await collect(response, lambda e: e["event"] == "job.finished")
+            after = await collect(response, lambda e: e["event"] == "job.finished"
+                                  and e["data"]["job_id"] == second["id"])
         assert after[-1]["data"]["job_id"] == second["id"]
         assert not any(event["event"] == "job.progress" for event in after)  # progress is live only
 
