@@ -73,6 +73,8 @@ class Settings:
     - ``AGORA_PG_LISTEN_DATABASE_URL``: where LISTEN connections go, when not to the
       database URL (with transaction pooling: the server itself, or a session-mode pool;
       without it, workers poll) [the database URL]
+    - ``AGORA_PG_PIPELINES_CONFIG``: an ``agora/v1`` file whose pipelines the API may
+      replay dead letters of (``POST /dead-letters/{pipeline_id}/replay``) [none]
     """
 
     database_url: str | None = None
@@ -102,6 +104,7 @@ class Settings:
     prune_interval: float = 600.0
     transaction_pooling: bool = False
     listen_database_url: str | None = None
+    pipelines_config: Path | None = None
 
     def __post_init__(self) -> None:
         _require(self.poll_seconds > 0, "WORKER_POLL_SECONDS", "must be > 0")
@@ -183,6 +186,7 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         prune_interval=_float(env, "AGORA_PG_PRUNE_INTERVAL", defaults.prune_interval),
         transaction_pooling=pooling,
         listen_database_url=listen_url,
+        pipelines_config=Path(env["AGORA_PG_PIPELINES_CONFIG"]) if env.get("AGORA_PG_PIPELINES_CONFIG") else None,
     )
 
 
@@ -196,7 +200,7 @@ KNOWN_VARIABLES = frozenset({
     "AGORA_PG_TRANSACTION_POOLING", "AGORA_PG_LISTEN_DATABASE_URL", "AGORA_PG_API_ALLOWED_ORIGINS",
     "AGORA_PG_API_MAX_CONNECTIONS", "AGORA_PG_API_READ_TIMEOUT", "AGORA_PG_API_KEEP_ALIVE_SECONDS",
     "WORKER_HEALTH_HOST", "WORKER_HEALTH_ERROR_DETAILS", "AGORA_PG_PRUNE_AFTER", "AGORA_PG_PRUNE_FAILED_AFTER",
-    "AGORA_PG_PRUNE_INTERVAL",
+    "AGORA_PG_PRUNE_INTERVAL", "AGORA_PG_PIPELINES_CONFIG",
 })
 CHECKED_PREFIXES = ("AGORA_PG_", "WORKER_")
 

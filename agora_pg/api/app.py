@@ -19,6 +19,7 @@ from litestar._openapi.plugin import OpenAPIPlugin  # (its cached document is wh
 from agora_pg.api import openapi
 from agora_pg.api.auth import PUBLIC, token_guard
 from agora_pg.api.dashboard import DashboardFragments, DashboardPages, static_files, template_config
+from agora_pg.api.dead_letters import replay
 from agora_pg.api.errors import error_response
 from agora_pg.api.events import stream_events
 from agora_pg.api.exposure import local_only
@@ -26,6 +27,8 @@ from agora_pg.api.jobs import JobController
 from agora_pg.api.probes import health, metrics, ready
 from agora_pg.api.runs import RunController
 from agora_pg.api.schedules import ScheduleController
+from agora_pg.commands.pipelines import read_config
+from agora_pg.config import PipelineConfig
 from agora_pg.db import migrate
 from agora_pg.db.connect import resolve_database
 from agora_pg.db.store import Store
@@ -60,7 +63,7 @@ def create_app(settings: Settings, *, allow_remote: bool = False) -> Litestar:
         route_handlers=[JobController, ScheduleController, RunController, stream_events, health, ready, metrics,
                         create_static_files_router("/schema/static", directories=[STATIC], include_in_schema=False,
                                                    opt={PUBLIC: True}),
-                        DashboardPages, DashboardFragments, static_files()],
+                        DashboardPages, DashboardFragments, static_files(), replay],
         template_config=template_config(),
         dependencies={
             "store": Provide(_store, sync_to_thread=False),
@@ -69,7 +72,7 @@ def create_app(settings: Settings, *, allow_remote: bool = False) -> Litestar:
         guards=[token_guard(settings.api_token)] if settings.api_token else [],
         middleware=[] if settings.api_token else [local_only(allow_remote, settings.api_allowed_origins)],
         exception_handlers={Exception: error_response},
-        state=State({"schema_heads": migrate.head_revisions()}),
+        state=State({"schema_heads": migrate.head_revisions(), "pipelines": _replayable(settings)}),
         lifespan=[store_lifespan],
         request_max_body_size=settings.api_max_payload_bytes + REQUEST_BODY_HEADROOM,
         openapi_config=OpenAPIConfig(
@@ -100,6 +103,15 @@ def _allow_names_every_method(app: Litestar) -> None:
             for cell in getattr(answer, "__closure__", None) or ():
                 if isinstance(cell.cell_contents, HTTPRoute):
                     cell.cell_contents = route
+
+
+def _replayable(settings: Settings) -> dict[str, PipelineConfig]:
+    """The pipelines of ``AGORA_PG_PIPELINES_CONFIG`` by id (checked at start: a bad file
+    stops the API with one line)."""
+    if settings.pipelines_config is None:
+        return {}
+    config = read_config(str(settings.pipelines_config), key="AGORA_PG_PIPELINES_CONFIG")
+    return {pipeline.id: pipeline for pipeline in config.pipelines.values()}
 
 
 def _store(state: State) -> Store:

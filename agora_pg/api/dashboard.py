@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from litestar import Controller, get
+from litestar import Controller, Request, get
+from litestar.datastructures import State
 from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.di import NamedDependency
 from litestar.params import FromPath, FromQuery
@@ -151,9 +152,11 @@ class DashboardFragments(Controller):
         })
 
     @get("/dead-letters")
-    async def dead_letters(self, store: NamedDependency[Store]) -> Template:
+    async def dead_letters(self, request: Request[Any, Any, State], store: NamedDependency[Store]) -> Template:
+        letters = await store.read_rows(queries.DASHBOARD_DEAD_LETTERS, 100)
+        pipelines = sorted({letter["pipeline_id"] for letter in letters})
         return Template("fragments/dead_letters.html", context={
-            "letters": await store.read_rows(queries.DASHBOARD_DEAD_LETTERS, 100),
+            "letters": letters, "pipelines": pipelines, "replayable": set(request.app.state.pipelines),
         })
 
 

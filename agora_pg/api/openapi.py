@@ -37,10 +37,11 @@ _WHY = {
     "400": "the input is malformed: `field` names it",
     "401": "the bearer token is missing or wrong",
     "403": "the API has no token: it answers only this machine's clients, for its own Host and Origin",
-    "404": "no such job or schedule",
+    "404": "no such job or schedule (or no pipeline of AGORA_PG_PIPELINES_CONFIG to replay)",
     "409": "the transition is not allowed in the current state",
     "413": "the payload is larger than AGORA_PG_API_MAX_PAYLOAD_BYTES",
     "415": "the body is not sent as application/json",
+    "502": "the replay failed in a step or a sink: its run is recorded, the dead letters wait",
     "503": "the database is unavailable or not migrated",
 }
 
@@ -89,6 +90,8 @@ def _correct_operation(path: str, method: str, operation: dict[str, Any], token:
         codes.add("404")
     if method == "post" and path != "/jobs":
         codes.add("409")
+    if path.endswith("/replay"):
+        codes.add("502")
     if method == "post" and path == "/jobs":
         codes |= {"413", "415"}
         responses["200"] = {"description": "a live job already holds this dedup_key: that job, unchanged",

@@ -11,6 +11,7 @@ from agora_pg.commands.tables import render_table
 from agora_pg.config import PipelineConfig, WorkerConfig, load_config
 from agora_pg.db.pipeline_state import PipelineState
 from agora_pg.errors import AgoraError, ConfigError
+from agora_pg.runner import replay
 from agora_pg.runner.assembly import build_pipeline
 from agora_pg.pipelines.pipeline import PipelineRun, current_run
 from agora_pg.runtime.process import check_schema, new_worker_id
@@ -18,12 +19,13 @@ from agora_pg.runtime.process import check_schema, new_worker_id
 log = logging.getLogger("agora_pg")
 
 
-def read_config(path: str) -> WorkerConfig:
-    """The config file at ``path``, checked completely before anything runs."""
+def read_config(path: str, key: str = "--config") -> WorkerConfig:
+    """The config file at ``path``, checked completely before anything runs (``key``
+    names where the path came from in errors)."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as error:
-        raise ConfigError("--config", f"cannot read {path}: {error.strerror or error}") from None
+        raise ConfigError(key, f"cannot read {path}: {error.strerror or error}") from None
     return load_config(text, os.environ)
 
 
@@ -77,19 +79,5 @@ async def replay_dead_letters(worker_config: WorkerConfig, name: str, limit: int
     """Send a pipeline's waiting dead letters through its steps and sinks again."""
     [config] = selected(worker_config, name)
     async with operator_store() as (store, _settings):
-        state = PipelineState(store)
-        letters = await state.waiting_dead_letters(config.id, limit)
-        if not letters:
-            return f"no dead letters of {config.id} are waiting"
-        run_id = await state.start_run(config.id, new_worker_id())
-        token = current_run.set(PipelineRun(store, run_id))
-        built = build_pipeline(config)
-        try:
-            again = await built.replay(letters)
-        finally:
-            current_run.reset(token)
-            await built.close()
-        await state.mark_replayed([letter.id for letter in letters if letter.id is not None])
-        await state.finish_run(run_id, None)
-    return (f"replayed {len(letters)} dead letters of {config.id}: {len(letters) - len(again)} written, "
-            f"{len(again)} rejected again (recorded as new dead letters of run {run_id})")
+        report = await replay.replay_dead_letters(store, config, limit)
+    return report.text()

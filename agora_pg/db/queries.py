@@ -899,3 +899,10 @@ DASHBOARD_DEAD_LETTERS = """
 SELECT id, pipeline_id, run_id, stage, record::text AS record, error_type, error_message, created_at
 FROM agora.dead_letters WHERE replayed_at IS NULL ORDER BY id DESC LIMIT $1
 """
+
+# One replay of a pipeline's dead letters at a time, across processes: a session-level
+# advisory lock ($1 = REPLAY_LOCK_CLASS, $2 the pipeline id) held by a connection kept
+# for the replay's length (a lost connection releases it).
+REPLAY_LOCK_CLASS = 0x61677261  # "agra"
+TRY_REPLAY_LOCK = "SELECT pg_try_advisory_lock($1, hashtext($2))"
+REPLAY_UNLOCK = "SELECT pg_advisory_unlock($1, hashtext($2))"

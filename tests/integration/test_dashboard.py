@@ -5,11 +5,16 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
 
 import httpx
 import pytest
 
-from agora_pg import Queue
+from agora_pg import ConfigError, Queue
+from agora_pg.api import create_app
+from agora_pg.commands.pipelines import read_config, run_once
+from agora_pg.db import queries
 from agora_pg.db.schedule_rows import ScheduleRegistration
 from agora_pg.db.store import Store
 from agora_pg.settings import Settings
@@ -79,3 +84,63 @@ async def test_fragments_need_the_token_and_pages_do_not(settings: Settings) -> 
         assert (await client.get("/ui/fragments/overview")).status_code == 401
         answer = await client.get("/ui/fragments/overview", headers={"Authorization": f"Bearer {TOKEN}"})
         assert answer.status_code == 200
+
+
+def _ingest_config(tmp_path: Path) -> Path:
+    data = tmp_path / "events.csv"
+    data.write_text("id,amount,note\n1,2.5,a\n2,-3.25,b\n", encoding="utf-8")
+    config = tmp_path / "ingest.toml"
+    config.write_text(f'''format = "agora/v1"
+
+[pipelines.ingest.source]
+type = "csv"
+path = "{data}"
+schema = {{id = "int", amount = "decimal"}}
+
+[pipelines.ingest.schedule]
+mode = "once"
+
+[[pipelines.ingest.sinks]]
+type = "database"
+database_url = "${{AGORA_PG_DATABASE_URL}}"
+table = "public.events"
+''', encoding="utf-8")
+    return config
+
+
+async def test_dead_letters_replay_through_the_api_and_the_dashboard(
+    settings: Settings, store: Store, database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AGORA_PG_DATABASE_URL", database_url)
+    async with store.connection() as connection:
+        await connection.execute(
+            "CREATE TABLE public.events (id int PRIMARY KEY, amount numeric CHECK (amount >= 0), note text)"
+        )
+    config = _ingest_config(tmp_path)
+    await run_once(read_config(str(config)), None)  # one row refused by the table: a dead letter
+    async with api_client(settings.replace(pipelines_config=config)) as client:
+        unknown = await client.post("/dead-letters/orders/replay")
+        assert unknown.status_code == 404 and "the API knows: ingest" in unknown.json()["detail"]
+        page = (await client.get("/ui/fragments/dead-letters")).text
+        assert 'hx-post="/dead-letters/ingest/replay"' in page and "CheckViolationError" in page
+
+        again = (await client.post("/dead-letters/ingest/replay")).json()
+        assert (again["replayed"], again["written"], again["rejected_again"]) == (1, 0, 1)
+
+        async with store.connection() as connection:
+            await connection.execute("ALTER TABLE public.events DROP CONSTRAINT events_amount_check")
+            assert await connection.fetchval(queries.TRY_REPLAY_LOCK, queries.REPLAY_LOCK_CLASS, "ingest")
+            busy = await client.post("/dead-letters/ingest/replay")
+            assert busy.status_code == 409 and "another replay" in busy.json()["detail"]
+            await connection.fetchval(queries.REPLAY_UNLOCK, queries.REPLAY_LOCK_CLASS, "ingest")
+        written = (await client.post("/dead-letters/ingest/replay", params={"limit": 10})).json()
+        assert (written["replayed"], written["written"], written["rejected_again"]) == (1, 1, 0)
+        nothing = (await client.post("/dead-letters/ingest/replay")).json()
+        assert (nothing["replayed"], nothing["run_id"]) == (0, None)
+    async with store.connection() as connection:
+        assert await connection.fetchval("SELECT amount FROM public.events WHERE id = 2") == Decimal("-3.25")
+
+
+def test_a_bad_pipelines_config_stops_the_api_with_its_name(settings: Settings, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="AGORA_PG_PIPELINES_CONFIG: cannot read"):
+        create_app(settings.replace(pipelines_config=tmp_path / "missing.toml"))
