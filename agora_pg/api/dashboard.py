@@ -72,7 +72,7 @@ class DashboardPages(Controller):
 
     @get("/ui/jobs/{job_id:str}")
     async def job(self, job_id: FromPath[str]) -> Template:
-        return _page("jobs", f"Job {job_id[:40]}", f"/ui/fragments/jobs/{_plain(job_id) or 0}")
+        return _page("jobs", f"Job {job_id[:40]}", f"/ui/fragments/jobs/{params.plain_id(job_id) or 0}")
 
     @get("/ui/schedules")
     async def schedules(self) -> Template:
@@ -158,13 +158,6 @@ class DashboardFragments(Controller):
         return Template("fragments/dead_letters.html", context={
             "letters": letters, "pipelines": pipelines, "replayable": set(request.app.state.pipelines),
         })
-
-
-def _plain(text: str) -> int | None:
-    try:
-        return params.job_id_filter(text)
-    except InvalidArgument:
-        return None
 
 
 def age_text(seconds: float) -> str:

@@ -24,14 +24,13 @@ from agora_pg.settings import Settings
 
 
 _JOB_ID_SEGMENT = re.compile(r"/jobs/([^/]+)")
-_PLAIN_ID = re.compile(r"0|[1-9][0-9]{0,18}")
 
 
 def plain_job_id(connection: ASGIConnection[Any, Any, Any, Any], _handler: BaseRouteHandler) -> None:
     """Guard: a job id in a path is written in plain ASCII digits, without a sign or
     leading zeros (``int()`` would also read ``01``, ``+1`` and ``٣``): 404 otherwise."""
     match = _JOB_ID_SEGMENT.match(connection.scope["path"])
-    if match is not None and not _PLAIN_ID.fullmatch(match.group(1)):
+    if match is not None and params.plain_id(match.group(1)) is None:
         raise NotFoundException(f"no job {match.group(1)[:40]!r}: job ids are plain decimal numbers such as 42")
 
 

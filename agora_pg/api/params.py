@@ -19,23 +19,36 @@ def page_limit(limit: int) -> int:
     return limit
 
 
+_PLAIN_ID = re.compile(r"[1-9][0-9]{0,18}")
+
+
+def plain_id(text: str) -> int | None:
+    """The id ``text`` writes in plain ASCII decimal digits (no sign, no leading zero, a
+    possible bigint id), or None: ``int()`` would also read ``01``, ``+1`` and ``٣``.
+    Job and run ids, and the cursors made of them, are all read this way."""
+    if _PLAIN_ID.fullmatch(text) is None or not possible_job_id(int(text)):
+        return None
+    return int(text)
+
+
 def cursor_id(cursor: str | None) -> int | None:
     """The id a cursor from ``next_cursor`` stands for (rows older than it come next)."""
     if cursor is None:
         return None
-    # (job and run ids are both bigint: the same bound)
-    if not cursor.isascii() or not cursor.isdigit() or not possible_job_id(int(cursor)):
+    value = plain_id(cursor)
+    if value is None:
         raise InvalidArgument("cursor", "not a cursor this API returned")
-    return int(cursor)
+    return value
 
 
 def job_id_filter(text: str | None) -> int | None:
     """A job id given as query text: plain decimal digits of a possible id."""
     if text is None:
         return None
-    if not re.fullmatch(r"[1-9][0-9]{0,18}", text) or not possible_job_id(int(text)):
+    value = plain_id(text)
+    if value is None:
         raise InvalidArgument("job_id", f"no job can have id {text[:40]!r} (ids are plain decimal numbers)")
-    return int(text)
+    return value
 
 
 def next_cursor(ids: list[int], limit: int) -> str | None:

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("agora_pg.events")
 
 SOURCES = tuple(queries.EVENT_SOURCES)
+START_TIMEOUT_SECONDS = 10.0
 NOTIFY_JOBS_CHANNEL = "agora_jobs"  # (db.store.NOTIFY_CHANNEL: enqueues and retries due now)
 
 
@@ -60,8 +61,10 @@ class EventStream:
     def __init__(
         self, store: Store, *, poll_seconds: float = 0.25, min_interval: float = 0.05,
         max_lag_seconds: float = 10.0, page_size: int = 2000, max_pending_events: int = 20_000,
+        start_timeout: float = START_TIMEOUT_SECONDS,
     ) -> None:
         self.store = store
+        self.start_timeout = start_timeout
         self.poll_seconds = poll_seconds
         self.min_interval = min_interval
         self.max_lag_seconds = max_lag_seconds  # a transaction open longer than this can be missed
@@ -88,7 +91,10 @@ class EventStream:
                 asyncio.create_task(self._read_loop(), name="event-stream-reader"),
                 asyncio.create_task(self._listen(), name="event-stream-listener"),
             ]
-        await self._started.wait()
+        try:  # (the first subscriber waits for the reader's first cursor)
+            await asyncio.wait_for(asyncio.shield(self._started.wait()), self.start_timeout)
+        except TimeoutError:
+            raise DatabaseUnavailable("the event stream cannot read the database yet") from None
         subscription = Subscription(self, filters, since)
         self._subscriptions.add(subscription)
         self._wake.set()

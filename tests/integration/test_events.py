@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -282,3 +283,19 @@ async def test_the_stream_survives_the_database_going_away(queue: Queue, store: 
         assert [e.data["job_id"] for e in seen if e.type == "job.enqueued"] == [second.id]
     finally:
         await stream.close()
+
+
+async def test_a_subscriber_gets_a_clear_error_when_the_database_is_away() -> None:
+    from agora_pg.db.connect import Database
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    store = Store.open(Database(f"postgresql://postgres@127.0.0.1:{port}/postgres"), timeout=1)
+    stream = EventStream(store, start_timeout=1.5)
+    try:
+        with pytest.raises(DatabaseUnavailable, match="the event stream cannot read the database"):
+            await stream.subscribe()
+    finally:
+        await stream.close()
+        await store.close()

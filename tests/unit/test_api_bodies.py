@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agora_pg.api.errors import duplicate_key, nesting_depth
+from agora_pg.api.errors import nesting_depth, strict_json
 from agora_pg.api.metrics import labelled_queues
 
 
@@ -11,6 +11,10 @@ def test_nesting_depth_counts_brackets_outside_strings() -> None:
     assert nesting_depth(b'{"kind": "[[[[{{{{", "payload": {"s": "\\"]]]"}}', 100) == 2
     deep = b'{"payload": ' + b"[" * 1000 + b"]" * 1000 + b"}"
     assert nesting_depth(deep, 65) == 66  # stops counting past the limit
+
+
+def duplicate_key(body: bytes) -> str | None:
+    return strict_json(body)[1]
 
 
 def test_duplicate_keys_are_found_at_any_depth() -> None:
