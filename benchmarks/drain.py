@@ -26,6 +26,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
+import psutil
 
 from agora_pg.db import migrate
 from agora_pg.db.connect import Database, resolve_database
@@ -84,9 +85,13 @@ async def drain_once(settings: Settings, jobs: int, concurrency: int) -> dict[st
              "--concurrency", str(concurrency)],
             cwd=ROOT, env=env,
         )
+        peak_rss = 0
+        watched = psutil.Process(process.pid)
         try:
             async with store.connection() as connection:
                 while await connection.fetchval("SELECT count(*) FROM agora.jobs WHERE status = 'done'") < jobs:
+                    with contextlib.suppress(psutil.Error):
+                        peak_rss = max(peak_rss, watched.memory_info().rss)
                     if process.poll() is not None:
                         raise RuntimeError(f"worker exited with {process.returncode}")
                     if time.perf_counter() - started > 600:
@@ -100,7 +105,8 @@ async def drain_once(settings: Settings, jobs: int, concurrency: int) -> dict[st
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
                 process.wait(timeout=60)
-        return {"enqueue_per_s": jobs / enqueue_seconds, "drain_per_s": jobs / float(span), "wall_s": wall}
+        return {"enqueue_per_s": jobs / enqueue_seconds, "drain_per_s": jobs / float(span), "wall_s": wall,
+                "peak_rss_mb": peak_rss / 2**20}
 
 
 async def main() -> None:
@@ -118,13 +124,14 @@ async def main() -> None:
         sync_commit = await admin.fetchval("SHOW synchronous_commit")
         await admin.close()
         print(f"PostgreSQL {version} (synchronous_commit={sync_commit}) at {server.display_url}; {os.cpu_count()} cores")
-        print("| jobs | concurrency | drain jobs/s (first to last completion) | wall s (incl. start-up) | batch enqueue jobs/s |")
-        print("|---:|---:|---:|---:|---:|")
+        print("| jobs | concurrency | drain jobs/s (first to last completion) | wall s (incl. start-up) "
+              "| batch enqueue jobs/s | worker peak RSS MB |")
+        print("|---:|---:|---:|---:|---:|---:|")
         for concurrency in args.concurrency:
             result = await drain_once(settings.replace(database_url=server.url), args.jobs, concurrency)
             print(
                 f"| {args.jobs} | {concurrency} | {result['drain_per_s']:,.0f} | {result['wall_s']:.2f} "
-                f"| {result['enqueue_per_s']:,.0f} |",
+                f"| {result['enqueue_per_s']:,.0f} | {result['peak_rss_mb']:.0f} |",
                 flush=True,
             )
 

@@ -53,6 +53,7 @@ class Completer:
         self._supervisor = supervisor
         self._rng = rng
         self._pending: list[Attempt] = []  # finished attempts, each with its outcome
+        self._writing = 0  # outcomes in the statement being written now
         self.has_pending = asyncio.Event()
 
     def add(self, attempt: Attempt) -> None:
@@ -64,11 +65,25 @@ class Completer:
     def pending_count(self) -> int:
         return len(self._pending)
 
+    @property
+    def unrecorded(self) -> int:
+        """Finished attempts whose outcome is not written yet (waiting or being written):
+        they keep their concurrency slots, so that what a worker holds in memory, and
+        what would run again if it died, is bounded by its concurrency."""
+        return len(self._pending) + self._writing
+
     async def flush_once(self) -> FlushResult:
         """Write every outcome collected so far. On ``DatabaseUnavailable`` the unwritten
         outcomes are kept for the next flush and the error propagates."""
         batch, self._pending = self._pending, []
         self.has_pending.clear()
+        self._writing = len(batch)
+        try:
+            return await self._flush(batch)
+        finally:
+            self._writing = 0
+
+    async def _flush(self, batch: list[Attempt]) -> FlushResult:
         try:
             written = await self._write(batch)
         except asyncio.CancelledError:  # (a deadline at shutdown): nothing is lost

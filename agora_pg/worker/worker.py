@@ -191,7 +191,9 @@ class _WorkerRun:
             try:
                 if time.monotonic() < self.claim_unsure_until:
                     await self._adopt_unknown()
-                free = settings.concurrency - len(self.running)
+                # A slot is free once its attempt's outcome is written, not when its handler
+                # returns: memory and unrecorded work stay bounded by the concurrency.
+                free = settings.concurrency - len(self.running) - self.completer.unrecorded
                 if free > 0:
                     claimed_at = time.monotonic()
                     jobs = await self._unless_stopping(
@@ -361,6 +363,7 @@ class _WorkerRun:
             try:
                 await self.completer.flush_once()
                 pause.reset()
+                self.worker._wakeup.set()  # their slots are free
             except DatabaseUnavailable as error:
                 wait = pause.next()
                 log.warning("recording outcomes: %s; retrying in %.1fs", error, wait)

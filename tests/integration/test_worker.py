@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from agora_pg import Job, JobStatus, Queue, Retry, SchemaNotReady, Settings, Worker
+from agora_pg import Job, JobSpec, JobStatus, Queue, Retry, SchemaNotReady, Settings, Worker
 from agora_pg.db.store import Store
 from agora_pg.outcomes import outcome_of
 from agora_pg.worker.attempts import Attempt
@@ -290,3 +290,44 @@ async def test_renewal_skips_rows_being_finished_instead_of_waiting(queue: Queue
         await holder.close()
     await store.renew_leases("w", 60, token, [])  # once free, the lease is extended
     assert (await store.get_job(claimed.id)).lease_expires_at > claimed.lease_expires_at  # type: ignore[operator]
+
+
+async def test_a_slot_stays_taken_until_its_outcome_is_written(
+    queue: Queue, store: Store, settings: Settings, database_url: str
+) -> None:
+    """While outcomes cannot be written (agora.runs is locked), a worker at concurrency 2
+    claims no more than 2 jobs, however fast its handlers return: what it holds in memory,
+    and what would run again if it died, is bounded by its concurrency."""
+    import asyncpg
+
+    async def quick(_job: Job, _resources: Any) -> None:
+        return None
+
+    jobs = await queue.enqueue_many([JobSpec("quick") for _ in range(10)])
+    blocker = await asyncpg.connect(database_url)
+    try:
+        locked = blocker.transaction()
+        await locked.start()
+        await blocker.execute("LOCK TABLE agora.runs IN EXCLUSIVE MODE")  # completions wait; claims do not
+        async with running(Worker({"quick": quick}, settings=settings.replace(concurrency=2))):
+            await wait_until(lambda: _claimed_at_least(store, 2))
+            await asyncio.sleep(1.5)  # several poll intervals: time enough to claim more if it would
+            assert await _claimed(store) == 2
+            await locked.rollback()
+            await wait_until(lambda: _all_done(store, [job.id for job in jobs]))
+    finally:
+        await blocker.close()
+
+
+async def _claimed(store: Store) -> int:
+    async with store.connection() as connection:
+        return int(await connection.fetchval("SELECT count(*) FROM agora.jobs WHERE attempt > 0"))
+
+
+async def _claimed_at_least(store: Store, count: int) -> bool:
+    return await _claimed(store) >= count
+
+
+async def _all_done(store: Store, ids: list[int]) -> bool:
+    statuses = [await job_status(store, job_id) for job_id in ids]
+    return all(status is JobStatus.DONE for status in statuses)
