@@ -1,5 +1,9 @@
 # One image for every service of docker-compose.yml: migrate, api and worker.
-FROM python:3.11-slim
+# The base is pinned by digest (python:3.11-slim-bookworm as published on Docker Hub), so
+# that a rebuild gets the same bytes; to move to a newer one, look its digest up with
+#   docker buildx imagetools inspect python:3.11-slim-bookworm
+# and replace the one below.
+FROM python:3.11-slim-bookworm@sha256:2e32f7d302adc1c37428355c1e646897c0c53f4fd60b6a551245fb90ee129f91
 
 WORKDIR /app
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1

@@ -55,3 +55,11 @@ def test_the_image_copies_what_the_commands_need() -> None:
     assert {"pyproject.toml", "README.md", "alembic.ini", "agora_pg", "worker.py", "families", "api"} <= copied
     for name in copied:
         assert (REPO / name).exists(), name
+
+
+def test_the_base_image_is_pinned_by_digest() -> None:
+    """A tag moves; a digest names the same bytes at every build."""
+    bases = re.findall(r"^FROM\s+(\S+)", (REPO / "Dockerfile").read_text(), flags=re.MULTILINE)
+    assert bases
+    for reference in bases:
+        assert re.fullmatch(r"[\w./:-]+@sha256:[0-9a-f]{64}", reference), reference
