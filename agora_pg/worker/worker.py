@@ -361,9 +361,13 @@ class _WorkerRun:
             if self.side_stop.is_set():
                 return  # the final flushes are the shutdown's
             try:
-                await self.completer.flush_once()
+                # A flush in flight when the worker stops is given up (its outcomes stay
+                # pending) and done again by the shutdown's drain, within its own deadline.
+                await unless_stopped(self.completer.flush_once(), self.side_stop)
                 pause.reset()
                 self.worker._wakeup.set()  # their slots are free
+            except Stopped:
+                return
             except DatabaseUnavailable as error:
                 wait = pause.next()
                 log.warning("recording outcomes: %s; retrying in %.1fs", error, wait)

@@ -340,10 +340,19 @@ async def test_a_job_back_at_the_same_worker_is_tracked_per_attempt(
     worker = Worker({"hangs": hangs}, settings=settings.replace(shutdown_timeout=0.2))
     async with running(worker):
         await first_running.wait()
-        async with store.connection() as connection:  # its lease expires and it is rescued
-            await connection.execute("UPDATE agora.jobs SET lease_expires_at = now() - interval '1 second'")
-        await JobRescuer(store, 3, 3).run_once()  # (or the worker's own rescuer, whichever comes first)
-        assert (await store.get_job(job.id)).lost_count == 1
+
+        async def rescued() -> bool:
+            """Its lease expires and it is rescued (by this rescuer or the worker's own, whichever
+            comes first; a renewal in between puts the lease back, so expire it again)."""
+            async with store.connection() as connection:
+                await connection.execute(
+                    "UPDATE agora.jobs SET lease_expires_at = now() - interval '1 second' "
+                    "WHERE id = $1 AND status = 'processing' AND attempt = 1", job.id,
+                )
+            await JobRescuer(store, 3, 3).run_once()
+            return (await store.get_job(job.id)).lost_count == 1
+
+        await wait_until(rescued)
         await wait_until(lambda: _attempt_is(store, job.id, 2))  # claimed again by the same worker
         await asyncio.sleep(1.0)
     final = await store.get_job(job.id)
