@@ -612,9 +612,9 @@ Catches of partitioning agora.runs by time (not measured above; they decide as m
 - A unique index on a partitioned table must contain the partition key: (job_id, attempt) and
   (pipeline_id, scheduled_for) become (job_id, attempt, finished_at) and (pipeline_id,
   scheduled_for, finished_at), which no longer stop a second run of the same attempt or tick
-  (CLAIM_PIPELINE_RUN relies on the latter), and the primary key id becomes (id, finished_at),
+  (CLAIM_PIPELINE_RUNS relies on the latter), and the primary key id becomes (id, finished_at),
   which would forbid a NULL finished_at.
-- finished_at is NULL while a pipeline run is running (CLAIM_PIPELINE_RUN, START_ADHOC_RUN
+- finished_at is NULL while a pipeline run is running (CLAIM_PIPELINE_RUNS, START_ADHOC_RUN
   insert it so): those rows land in the default partition and move to a daily one (delete +
   insert) when FINISH_PIPELINE_RUN sets finished_at. started_at would be the better key.
 - Partitions must be created ahead of time (a maintenance job or pg_partman), and DROP/DETACH

@@ -1,6 +1,8 @@
-"""Schedule lag: N `Schedule.every(seconds=1)` no-op pipelines on one `agora-pg worker` process.
+"""Schedule lag: N `Schedule.every(seconds=1)` (or `cron("* * * * *")`) no-op pipelines
+on one `agora-pg worker` process (or several, each registering all N: every tick runs once).
 
-    python -m benchmarks.schedule_lag [--pipelines 200] [--seconds 30] [--database-url URL]
+    python -m benchmarks.schedule_lag [--pipelines 200] [--seconds 30] [--schedule every1s|cron]
+        [--processes 1] [--database-url URL]
 
 Lag is how late a run starts: agora.runs.started_at - agora.runs.scheduled_for,
 over every run but each pipeline's first (whose due time is the registration).
@@ -19,21 +21,29 @@ from agora_pg.settings import Settings, load_settings
 from benchmarks.drain import ROOT, scratch_database, worker_environment
 
 
-async def measure(settings: Settings, pipelines: int, seconds: float, schedule: str = "every1s") -> dict[str, float]:
-    """Run the pipelines for ``seconds`` on one worker process; lag percentiles in ms."""
+async def measure(
+    settings: Settings, pipelines: int, seconds: float, schedule: str = "every1s", processes: int = 1
+) -> dict[str, float]:
+    """Run the pipelines for ``seconds`` on ``processes`` worker processes; lag percentiles in ms."""
     async with scratch_database(settings) as (database, store):
         env = worker_environment(
             AGORA_PG_DATABASE_URL=database.url, AGORA_PG_LOG_LEVEL="WARNING",
             BENCH_PIPELINES=str(pipelines), BENCH_SCHEDULE=schedule,
         )
-        process = subprocess.Popen(
-            [sys.executable, "-m", "agora_pg.cli", "worker", "--module", "benchmarks.schedule_worker"], cwd=ROOT, env=env
-        )
+        started = [
+            subprocess.Popen(
+                [sys.executable, "-m", "agora_pg.cli", "worker", "--module", "benchmarks.schedule_worker"],
+                cwd=ROOT, env=env,
+            )
+            for _ in range(processes)
+        ]
         try:
             await asyncio.sleep(seconds)
         finally:
-            process.send_signal(signal.SIGTERM)
-            process.wait(timeout=60)
+            for process in started:
+                process.send_signal(signal.SIGTERM)
+            for process in started:
+                process.wait(timeout=60)
         async with store.connection() as connection:
             row = await connection.fetchrow(
                 """
@@ -57,15 +67,18 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pipelines", type=int, default=200)
     parser.add_argument("--seconds", type=float, default=30)
+    parser.add_argument("--schedule", choices=("every1s", "cron"), default="every1s")
+    parser.add_argument("--processes", type=int, default=1)
     parser.add_argument("--database-url")
     args = parser.parse_args()
     settings = load_settings(os.environ)
     if args.database_url:
         settings = settings.replace(database_url=args.database_url)
-    print("| pipelines | seconds | runs measured | lag p50 ms | lag p99 ms | lag max ms |")
-    print("|---:|---:|---:|---:|---:|---:|")
-    lag = await measure(settings, args.pipelines, args.seconds)
-    print(f"| {args.pipelines} | {args.seconds:.0f} | {lag['runs']:.0f} | {lag['p50']:.1f} | {lag['p99']:.1f} | {lag['max']:.1f} |")
+    print("| pipelines | schedule | processes | seconds | runs measured | lag p50 ms | lag p99 ms | lag max ms |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|")
+    lag = await measure(settings, args.pipelines, args.seconds, args.schedule, args.processes)
+    print(f"| {args.pipelines} | {args.schedule} | {args.processes} | {args.seconds:.0f} | {lag['runs']:.0f} "
+          f"| {lag['p50']:.1f} | {lag['p99']:.1f} | {lag['max']:.1f} |")
 
 
 if __name__ == "__main__":

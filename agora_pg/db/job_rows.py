@@ -84,3 +84,12 @@ class LeaseRenewal:
     lost_jobs: frozenset[tuple[int, int]]
     cancel_jobs: frozenset[tuple[int, int]]
     lost_runs: frozenset[str]
+
+
+@dataclasses.dataclass(frozen=True)
+class Promotion:
+    """What a promotion of due delayed jobs did: how many it promoted, and the seconds
+    until the next delayed job falls due (None: no job waits), by the database's clock."""
+
+    promoted: int
+    next_in_seconds: float | None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from agora_pg.db.tables import ALIVE, CLAIMABLE
+from agora_pg.db.tables import ALIVE, CLAIMABLE, CLAIMABLE_NOW
 from agora_pg.schedules import ERROR_BACKOFF_CAP_SECONDS
 
 JOB_COLUMNS = (
@@ -24,16 +24,20 @@ INSERTED_COLUMNS = "id, run_at, created_at, dedup_key"
 
 # -- enqueue -----------------------------------------------------------------
 
-# Insert one job.
+# Insert one job; a job due later is delayed (outside the claim index until promoted).
 INSERT_JOB = f"""
-INSERT INTO agora.jobs (name, kind, queue, payload, priority, run_at, max_retries, dedup_key, timeout_seconds)
-VALUES ($1, $2, $3, $4::text::jsonb, $5, COALESCE($6::timestamptz, now()), $7, $8, $9)
+INSERT INTO agora.jobs (name, kind, queue, payload, priority, run_at, max_retries, dedup_key, timeout_seconds,
+                        delayed)
+VALUES ($1, $2, $3, $4::text::jsonb, $5, COALESCE($6::timestamptz, now()), $7, $8, $9,
+        COALESCE($6::timestamptz, now()) > now())
 RETURNING {INSERTED_COLUMNS}
 """
 
 _INSERT_JOBS_FROM_DOCUMENT = """
-INSERT INTO agora.jobs (name, kind, queue, payload, priority, run_at, max_retries, dedup_key, timeout_seconds)
-SELECT name, kind, queue, payload, priority, COALESCE(run_at, now()), max_retries, dedup_key, timeout_seconds
+INSERT INTO agora.jobs (name, kind, queue, payload, priority, run_at, max_retries, dedup_key, timeout_seconds,
+                        delayed)
+SELECT name, kind, queue, payload, priority, COALESCE(run_at, now()), max_retries, dedup_key, timeout_seconds,
+       COALESCE(run_at, now()) > now()
 FROM jsonb_to_recordset($1::text::jsonb)
      AS t(name text, kind text, queue text, payload jsonb, priority int, run_at timestamptz,
           max_retries int, dedup_key text, timeout_seconds float8)
@@ -72,7 +76,7 @@ SELECT_JOB = f"SELECT {JOB_COLUMNS} FROM agora.jobs WHERE id = $1"
 # agora_cancel (payload: the job id) and stops the attempt (its renewal sees the mark too).
 CANCEL_JOB = f"""
 WITH waiting AS (
-    UPDATE agora.jobs SET status = 'cancelled', finished_at = now()
+    UPDATE agora.jobs SET status = 'cancelled', finished_at = now(), delayed = false
     WHERE id = $1 AND ({CLAIMABLE})
     RETURNING {JOB_COLUMNS}
 ), running AS (
@@ -99,10 +103,12 @@ RETURNING {", ".join("j." + c.strip() for c in JOB_COLUMNS.split(","))}
 # Claim up to $2 due jobs of queue $1 for worker $3, with a lease of $4 seconds.
 # `queue = $1` (not `= ANY(...)`) lets the scan read jobs_claimable_idx in its order
 # and stop after $2 rows; with ANY, PostgreSQL fetches every due row and sorts them.
+# Delayed jobs are not in that index (PROMOTE_DUE_JOBS moves them in once due), so
+# however many wait for later, a claim reads only rows it can take.
 CLAIM_JOBS = f"""
 WITH next AS (
     SELECT id FROM agora.jobs
-    WHERE ({CLAIMABLE}) AND queue = $1 AND run_at <= now()
+    WHERE ({CLAIMABLE_NOW}) AND queue = $1 AND run_at <= now()
     ORDER BY priority DESC, run_at, id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -117,7 +123,7 @@ WITH next AS (
     SELECT best.id FROM unnest($1::text[]) AS q(name)
     CROSS JOIN LATERAL (
         SELECT id, priority, run_at FROM agora.jobs
-        WHERE ({CLAIMABLE}) AND queue = q.name AND run_at <= now()
+        WHERE ({CLAIMABLE_NOW}) AND queue = q.name AND run_at <= now()
         ORDER BY priority DESC, run_at, id
         LIMIT $2
         FOR UPDATE SKIP LOCKED
@@ -126,6 +132,31 @@ WITH next AS (
     LIMIT $2
 )
 {_CLAIM_UPDATE}"""
+
+# Promote up to $1 delayed jobs whose run_at has passed into the claim index, waking the
+# workers of their queues. Returns how many, and the seconds until the next delayed job
+# falls due (NULL: none waits), by the database's clock. Every worker runs it; rows
+# another worker is promoting are skipped.
+PROMOTE_DUE_JOBS = """
+WITH due AS (
+    SELECT id FROM agora.jobs
+    WHERE delayed AND run_at <= now()
+    ORDER BY run_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+), promoted AS (
+    UPDATE agora.jobs AS j SET delayed = false FROM due WHERE j.id = due.id
+    RETURNING j.queue
+)
+SELECT (SELECT count(*) FROM promoted) AS promoted,
+       (SELECT count(pg_notify('agora_jobs', queue)) FROM (SELECT DISTINCT queue FROM promoted) AS q) AS woken,
+       extract(epoch FROM (SELECT min(run_at) FROM agora.jobs WHERE delayed AND run_at > now()) - now())::float8
+           AS next_in_seconds
+"""
+
+# A statement inserted delayed jobs (the insert trigger; payload ''): the promotion
+# steps look again at when the earliest falls due.
+DELAYED_CHANNEL = "agora_delayed"
 
 # Give back attempts (id, attempt) that worker $1 claimed but will not start: pending
 # again at once, nothing counted or recorded (a worker runs one job with lost attempts at
@@ -168,12 +199,13 @@ SELECT job_id, (SELECT pg_notify('agora_events', '')) AS events_woken FROM recor
 """
 
 # Record every other outcome of attempts (id, attempt) held by worker $1 (outcomes.OutcomeKind):
-#   failed:    retry_count + 1, due again after delay (a final failure caps max_retries at the
-#              failures so far, so nothing claims it again);
+#   failed:    retry_count + 1, due again after delay (delayed until then; a final failure caps
+#              max_retries at the failures so far, so nothing claims it again);
 #   cancelled: cancelled on request, never retried;
 #   lost, released: lost_count + 1 and due again at once, until lost_count reaches $2
 #              (WORKER_MAX_LOST_ATTEMPTS): then failed for good.
-# $3 is the default max_retries. Jobs due again at once wake the workers of their queue.
+# $3 is the default max_retries. Jobs due again at once wake the workers of their queue;
+# retries that wait wake the workers' promotion steps (agora_delayed).
 FINISH_JOBS = """
 WITH outcome AS (
     SELECT * FROM unnest($4::bigint[], $5::int[], $6::text[], $7::text[], $8::text[], $9::text[],
@@ -197,11 +229,13 @@ WITH outcome AS (
                 THEN o.error_message || ' (' || (j.lost_count + 1) || ' lost attempts: not retried)'
             ELSE o.error_message END,
         run_at = now() + make_interval(secs => o.delay), finished_at = now(),
+        delayed = o.kind = 'failed' AND o.delay > 0 AND NOT o.final
+                  AND j.retry_count + 1 < COALESCE(j.max_retries, $3),
         locked_by = NULL, lease_expires_at = NULL, cancel_requested_at = NULL
     FROM outcome AS o
     WHERE j.id = o.id AND j.attempt = o.attempt AND j.locked_by = $1
-    RETURNING j.id, j.attempt, j.started_at, j.queue, j.status, j.progress, o.kind, o.error_type, o.error_message,
-              o.traceback
+    RETURNING j.id, j.attempt, j.started_at, j.queue, j.status, j.delayed, j.progress, o.kind, o.error_type,
+              o.error_message, o.traceback
 ), recorded AS (
     INSERT INTO agora.runs (job_id, attempt, worker_id, started_at, finished_at, status, error_type,
                             error_message, traceback, progress)
@@ -211,7 +245,8 @@ WITH outcome AS (
     FROM finished
 )
 SELECT id, CASE WHEN status = 'pending' THEN pg_notify('agora_jobs', queue) END AS woken,
-       (SELECT pg_notify('agora_events', '')) AS events_woken
+       (SELECT pg_notify('agora_events', '')) AS events_woken,
+       CASE WHEN delayed THEN pg_notify('agora_delayed', '') END AS promoters_woken
 FROM finished
 """
 
@@ -383,19 +418,23 @@ SELECT {SCHEDULE_COLUMNS},
 FROM agora.schedules WHERE pipeline_id = $1
 """
 
-# Claim the due run of pipeline $1 (registered with spec $3) for worker $2 with a lease of $4
-# seconds, if no other worker holds it. A lease this worker holds itself is the trace of a
+# Claim the due runs of pipelines $1 (each registered with the spec at the same place in $3)
+# for worker $2 with a lease of $4 seconds, those no other worker holds: one statement for
+# every pipeline of a process due at the same moment. A lease this worker holds itself is the trace of a
 # claim whose reply was lost (a worker claims a pipeline only while not running it): its
 # run is recorded abandoned, uncounted, and the tick claimed again. The run row's unique
 # (pipeline_id, scheduled_for) key makes a second record of the same tick impossible.
 # Returns the database clock too, which the runner schedules by.
-CLAIM_PIPELINE_RUN = f"""
+CLAIM_PIPELINE_RUNS = f"""
 WITH due AS (
-    SELECT pipeline_id, next_run_at, lease_owner, lease_run_id FROM agora.schedules
-    WHERE pipeline_id = $1 AND state = 'active' AND schedule_spec = $3
-      AND next_run_at <= clock_timestamp()
-      AND (lease_owner IS NULL OR lease_owner = $2)
-    FOR UPDATE SKIP LOCKED
+    SELECT s.pipeline_id, s.next_run_at, s.lease_owner, s.lease_run_id
+    FROM agora.schedules AS s
+    JOIN unnest($1::text[], $3::text[]) AS wanted(pipeline_id, spec)
+      ON s.pipeline_id = wanted.pipeline_id AND s.schedule_spec = wanted.spec
+    WHERE s.state = 'active' AND s.next_run_at <= clock_timestamp()
+      AND (s.lease_owner IS NULL OR s.lease_owner = $2)
+    ORDER BY s.pipeline_id
+    FOR UPDATE OF s SKIP LOCKED
 ), unknown AS (
     UPDATE agora.runs AS r
     SET status = 'abandoned', finished_at = clock_timestamp(), error_type = 'ClaimLost',
@@ -418,7 +457,7 @@ WITH due AS (
     RETURNING {", ".join("s." + c.strip() for c in SCHEDULE_COLUMNS.split(","))}
 )
 SELECT claimed.*, run.id AS run_id, run.scheduled_for, clock_timestamp() AS database_now
-FROM claimed, run
+FROM claimed JOIN run ON run.pipeline_id = claimed.pipeline_id
 """
 
 # Take over pipeline $1's run from a worker whose lease expired (it died or lost the
@@ -548,7 +587,7 @@ SELECT_JOB_RUNS = f"SELECT {RUN_COLUMNS} FROM agora.runs WHERE job_id = $1 ORDER
 RETRY_JOB = f"""
 UPDATE agora.jobs
 SET status = 'pending', run_at = now(), finished_at = NULL, locked_by = NULL, lease_expires_at = NULL,
-    cancel_requested_at = NULL
+    cancel_requested_at = NULL, delayed = false
 WHERE id = $1 AND status IN ('failed', 'cancelled')
 RETURNING {JOB_COLUMNS}
 """

@@ -35,7 +35,7 @@ from agora_pg.db.schedule_rows import (
     ScheduleRegistration,
     ScheduleRow,
 )
-from agora_pg.db.job_rows import JobFinish, LeaseRenewal
+from agora_pg.db.job_rows import JobFinish, LeaseRenewal, Promotion
 from agora_pg.db.run_rows import MetricsSnapshot, RunRow, oldest_due_by_queue
 from agora_pg.errors import (
     DatabaseUnavailable,
@@ -308,6 +308,11 @@ class Store:
         rows = await self._fetch(queries.ADOPT_UNKNOWN_JOBS, worker_id, list(known), float(lease_seconds))
         return [row_to_job(row) for row in rows]
 
+    async def promote_due_jobs(self, limit: int) -> Promotion:
+        """Move up to ``limit`` delayed jobs whose run_at has passed into the claim index."""
+        [row] = await self._fetch(queries.PROMOTE_DUE_JOBS, limit)
+        return Promotion(row["promoted"], row["next_in_seconds"])
+
     async def rescue_expired(self, max_lost_attempts: int, default_max_retries: int, limit: int) -> list[int]:
         """Take back processing jobs whose lease expired; returns their ids."""
         rows = await self._fetch(queries.RESCUE_EXPIRED, max_lost_attempts, default_max_retries, limit)
@@ -376,18 +381,29 @@ class Store:
         rows = await self._fetch(queries.SELECT_SCHEDULE, pipeline_id)
         return ScheduleRow.from_row(rows[0]) if rows else None
 
+    async def claim_pipeline_runs(
+        self, pipelines: Sequence[tuple[str, str]], worker_id: str, lease_seconds: float
+    ) -> dict[str, ClaimedRun]:
+        """Claim the due runs of ``(pipeline_id, spec)`` pairs in one statement; the claimed
+        ones by pipeline id (one not due, leased elsewhere or registered with another spec
+        is absent). Pipeline ids must be distinct."""
+        rows = await self._fetch(
+            queries.CLAIM_PIPELINE_RUNS, [pipeline_id for pipeline_id, _ in pipelines], worker_id,
+            [spec for _, spec in pipelines], float(lease_seconds),
+        )
+        return {
+            row["pipeline_id"]: ClaimedRun(
+                ScheduleRow.from_row(row), run_id=row["run_id"], scheduled_for=row["scheduled_for"],
+                database_now=row["database_now"],
+            )
+            for row in rows
+        }
+
     async def claim_pipeline_run(
         self, pipeline_id: str, spec: str, worker_id: str, lease_seconds: float
     ) -> ClaimedRun | None:
         """Claim the pipeline's due run, or None when it is not due, leased or not ours."""
-        rows = await self._fetch(queries.CLAIM_PIPELINE_RUN, pipeline_id, worker_id, spec, float(lease_seconds))
-        if not rows:
-            return None
-        row = rows[0]
-        return ClaimedRun(
-            ScheduleRow.from_row(row), run_id=row["run_id"], scheduled_for=row["scheduled_for"],
-            database_now=row["database_now"],
-        )
+        return (await self.claim_pipeline_runs([(pipeline_id, spec)], worker_id, lease_seconds)).get(pipeline_id)
 
     async def rescue_pipeline_run(self, pipeline_id: str) -> ScheduleRow | None:
         """Take the run over from a worker whose lease expired (counted as a failed run);

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     CheckConstraint,
     Column,
     DateTime,
@@ -27,6 +28,9 @@ SCHEMA = "agora"
 
 # A job is claimable in this state; the claim query and the partial index repeat it verbatim.
 CLAIMABLE = "status = 'pending' OR (status = 'failed' AND retry_count < max_retries)"
+# Claimable and not waiting for its run_at: the claim index holds exactly these rows (a
+# delayed job enters it when a worker's promotion step sees its run_at pass).
+CLAIMABLE_NOW = f"({CLAIMABLE}) AND NOT delayed"
 # A job still has work ahead of it: at most one such job per dedup_key.
 ALIVE = (
     "dedup_key IS NOT NULL AND (status IN ('pending', 'processing') "
@@ -60,6 +64,7 @@ jobs = Table(
     Column("timeout_seconds", Float, nullable=True, comment="Seconds an attempt may run before it is cancelled; NULL takes the kind's or the worker's default."),
     Column("cancel_requested_at", DateTime(timezone=True), nullable=True, comment="When a cancel of the running attempt was asked for; its worker stops it."),
     Column("progress", JSONB, nullable=True, comment="The running attempt's latest progress report ({done, total, message, at}); kept with the run when it ends."),
+    Column("delayed", Boolean, nullable=False, server_default=text("false"), comment="The job waits for its run_at (enqueued for later, or backing off before a retry): it is outside the claim index until a worker's promotion clears this once run_at has passed."),
     CheckConstraint("status IN ('pending', 'processing', 'done', 'failed', 'cancelled')", name="jobs_status_check"),
     CheckConstraint("retry_count >= 0", name="jobs_retry_count_check"),
     CheckConstraint("max_retries >= 0", name="jobs_max_retries_check"),
@@ -75,8 +80,9 @@ Index(
     jobs.c.priority.desc(),
     jobs.c.run_at,
     jobs.c.id,
-    postgresql_where=text(CLAIMABLE),
+    postgresql_where=text(CLAIMABLE_NOW),
 )
+Index("jobs_delayed_idx", jobs.c.run_at, postgresql_where=text("delayed"))
 Index("jobs_dedup_key_idx", jobs.c.dedup_key, unique=True, postgresql_where=text(ALIVE))
 Index("jobs_lease_idx", jobs.c.lease_expires_at, postgresql_where=text("status = 'processing'"))
 Index("jobs_created_at_brin", jobs.c.created_at, postgresql_using="brin")

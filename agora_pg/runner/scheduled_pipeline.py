@@ -27,6 +27,7 @@ from agora_pg.errors import AgoraError, DatabaseUnavailable
 from agora_pg.lifecycle import wait_for_event
 from agora_pg.outcomes import Outcome, OutcomeKind, StopReason, outcome_of
 from agora_pg.pipelines.pipeline import PipelineInterrupted, PipelineRun, current_run
+from agora_pg.runner.run_claims import RunClaims
 from agora_pg.runtime.database_calls import StopSignal, retry_database
 from agora_pg.runtime.leases import LeaseSupervisor, LeaseToken, supervising
 from agora_pg.runtime.process import ErrorWait, check_schema, new_worker_id, warn_unknown_settings
@@ -188,12 +189,15 @@ class ScheduledPipeline:
                 await store.close()
 
     async def serve(
-        self, store: Store, worker_id: str, settings: Settings, supervisor: LeaseSupervisor | None = None
+        self, store: Store, worker_id: str, settings: Settings, supervisor: LeaseSupervisor | None = None,
+        claims: RunClaims | None = None,
     ) -> None:
         """Run on an open Store as ``worker_id`` (a WorkerPool calls this, with its lease
-        supervisor; without one, the pipeline runs a supervisor of its own)."""
+        supervisor and the claimer its pipelines share; without them, the pipeline runs
+        its own)."""
+        claims = claims or RunClaims(store, worker_id, settings.lease_seconds)
         async with supervising(supervisor, store.database, worker_id, settings) as leases:
-            runner = _PipelineRunner(self, store, worker_id, settings, leases)
+            runner = _PipelineRunner(self, store, worker_id, settings, leases, claims)
             if await runner.register():
                 await runner.loop()
 
@@ -223,10 +227,11 @@ class _PipelineRunner:
 
     def __init__(
         self, pipeline: ScheduledPipeline, store: Store, worker_id: str, settings: Settings,
-        supervisor: LeaseSupervisor,
+        supervisor: LeaseSupervisor, claims: RunClaims,
     ) -> None:
         self.pipeline = pipeline
         self.store = store
+        self.claims = claims
         self.worker_id = worker_id
         self.lease_seconds = settings.lease_seconds
         self.supervisor = supervisor
@@ -284,7 +289,7 @@ class _PipelineRunner:
         pipeline = self.pipeline
         claimed_at = time.monotonic()
         claimed = await self._call(
-            lambda: self.store.claim_pipeline_run(pipeline.pipeline_id, self.spec, self.worker_id, self.lease_seconds),
+            lambda: self.claims.claim(pipeline.pipeline_id, self.spec),
             "claiming its run",
         )
         if claimed is not None:

@@ -1,8 +1,9 @@
 """The job worker: claims due jobs, runs their handlers, records outcomes.
 
 Side services run beside the claim loop and stop with it: the completer
-(writes outcomes), the job rescuer (takes back jobs of lost workers) and the
-listener (LISTEN for new jobs and for cancels of running ones). Leases are
+(writes outcomes), the job rescuer (takes back jobs of lost workers), the
+promoter (moves delayed jobs into the claim index once due) and the listener
+(LISTEN for new jobs, new delayed jobs and cancels of running ones). Leases are
 renewed by the process's ``LeaseSupervisor``, which also stops attempts whose
 lease is lost or cannot be renewed.
 """
@@ -44,6 +45,19 @@ T = TypeVar("T")
 
 TIMEOUT_SWEEP_SECONDS = 0.1  # how often running attempts are checked against their deadline
 ABORT_STEP_SECONDS = 1.0  # after a second signal, unrecorded outcomes get this long, then are left
+PIPELINED_ABOVE = 100  # concurrency above which a claim takes at most half the slots
+PROMOTE_BATCH = 1000  # delayed jobs promoted per statement
+PROMOTE_MIN_INTERVAL = 0.1  # seconds between a worker's promotions while delayed jobs keep falling due
+
+
+def claim_batch(concurrency: int) -> int:
+    """The most jobs one claim takes. Above ``PIPELINED_ABOVE`` slots, half of them: while
+    one half's outcomes are being written, the other half is claimed and run (two
+    connections at work; +29 % drain rate at 500). Below, every free slot: a statement
+    saved counts more than the overlap (halving cost 10 % at 50, nothing at 100)."""
+    if concurrency <= PIPELINED_ABOVE:
+        return concurrency
+    return max(PIPELINED_ABOVE, -(-concurrency // 2))
 
 
 class Worker:
@@ -150,6 +164,8 @@ class _WorkerRun:
         self.side_tasks: list[asyncio.Task[None]] = []
         self.side_stop = StopSignal()
         self.claim_unsure_until = 0.0  # a claim's reply was lost: look for jobs held unknowingly
+        self.delayed_inserted = asyncio.Event()  # new delayed jobs: the promoter looks again
+        self.claim_batch = claim_batch(settings.concurrency)
 
     async def serve(self) -> None:
         worker, settings = self.worker, self.settings
@@ -165,15 +181,20 @@ class _WorkerRun:
         self._start_side(self._completer_loop(), "completer")
         self._start_side(self._enforce_timeouts(), "timeouts")
         self._start_side(self.progress.run(self.side_stop), "progress")
+        self._start_side(self._promote_loop(), "promoter")
         rescue_interval = min(max(settings.lease_seconds / 10, 0.5), 5.0)
         self._start_side(self._every(rescue_interval, self.rescuer.run_once, "rescuing jobs of lost workers"),
                          "job_rescuer")
         if settings.retention is not None:
             self._start_side(self._every(settings.prune_interval, self._prune, "pruning finished history"), "pruner")
         if settings.notifications:
-            channels = {NOTIFY_CHANNEL: self._on_enqueue, queries.CANCEL_CHANNEL: self._on_cancel}
+            channels = {
+                NOTIFY_CHANNEL: self._on_enqueue,
+                queries.DELAYED_CHANNEL: lambda _: self.delayed_inserted.set(),
+                queries.CANCEL_CHANNEL: self._on_cancel,
+            }
             self._start_side(
-                listen_until(self.store, channels, self.side_stop, worker._wakeup.set, "LISTEN for new jobs"),
+                listen_until(self.store, channels, self.side_stop, self._look_again, "LISTEN for new jobs"),
                 "listener",
             )
         try:
@@ -195,13 +216,14 @@ class _WorkerRun:
                 # returns: memory and unrecorded work stay bounded by the concurrency.
                 free = settings.concurrency - len(self.running) - self.completer.unrecorded
                 if free > 0:
+                    limit = min(free, self.claim_batch)
                     claimed_at = time.monotonic()
                     jobs = await self._unless_stopping(
-                        self.store.claim_jobs(settings.queues, free, worker.id, settings.lease_seconds)
+                        self.store.claim_jobs(settings.queues, limit, worker.id, settings.lease_seconds)
                     )
                     pause.reset()
                     self._start(await self._one_suspect_at_most(jobs), claimed_at)
-                    if len(jobs) == free:
+                    if len(jobs) == limit:
                         await asyncio.sleep(0)  # let finished handlers free their slots, then claim again
                         continue
             except _Stopping:
@@ -307,6 +329,11 @@ class _WorkerRun:
                     attempt.stop(StopReason.TIMEOUT)
             await wait_for_event(self.side_stop, TIMEOUT_SWEEP_SECONDS)
 
+    def _look_again(self) -> None:
+        """(Re)connected to LISTEN: notifications sent meanwhile are lost, so look at the tables."""
+        self.worker._wakeup.set()
+        self.delayed_inserted.set()
+
     def _on_enqueue(self, queue: str) -> None:
         if queue in self.settings.queues:
             self.worker._wakeup.set()
@@ -348,6 +375,40 @@ class _WorkerRun:
             except Exception:  # a side service never ends on an error
                 log.exception("%s failed", what)
             await wait_for_event(self.side_stop, interval)
+
+    async def _promote_loop(self) -> None:
+        """Promote delayed jobs into the claim index as they fall due: sleep until the
+        earliest (by the database's clock, at least ``PROMOTE_MIN_INTERVAL``, at most
+        ``poll_seconds``, sooner when new delayed jobs are announced), promote, repeat."""
+        loop = asyncio.get_running_loop()
+        pause = ErrorWait(0.5)
+        while not self.side_stop.is_set():
+            self.delayed_inserted.clear()
+            try:
+                promotion = await unless_stopped(self.store.promote_due_jobs(PROMOTE_BATCH), self.side_stop)
+                promoted_at = loop.time()
+                pause.reset()
+                if promotion.promoted:
+                    self.worker._wakeup.set()
+                if promotion.promoted == PROMOTE_BATCH:
+                    continue
+                wait = self.settings.poll_seconds
+                if promotion.next_in_seconds is not None:
+                    wait = min(promotion.next_in_seconds, wait)
+                await unless_stopped(wait_for_event(self.delayed_inserted, wait), self.side_stop)
+                # (announcements of delayed jobs never make it run more often than this)
+                rest = promoted_at + PROMOTE_MIN_INTERVAL - loop.time()
+                if rest > 0:
+                    await unless_stopped(asyncio.sleep(rest), self.side_stop)
+            except Stopped:
+                return
+            except Exception as error:  # never ends on an error: waits and looks again
+                wait = pause.next()
+                if isinstance(error, DatabaseUnavailable):
+                    log.warning("promoting delayed jobs: %s; retrying in %.1fs", error, wait)
+                else:
+                    log.exception("promoting delayed jobs failed; retrying in %.1fs", wait)
+                await wait_for_event(self.side_stop, wait)
 
     async def _completer_loop(self) -> None:
         pause = ErrorWait(0.2)

@@ -1,7 +1,9 @@
 """Claiming: due jobs only, by priority, SKIP LOCKED, queues, cancel, the claim index."""
 
 import asyncio
+import json
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -24,8 +26,14 @@ async def test_claims_by_priority_then_run_at(queue: Queue, store: Store) -> Non
 async def test_future_jobs_wait_for_run_at(queue: Queue, store: Store) -> None:
     await queue.enqueue("k", run_at=datetime.now(UTC) + timedelta(hours=1))
     assert await store.claim_jobs(["default"], 10, "w", 30) == []
+    promotion = await store.promote_due_jobs(100)
+    assert promotion.promoted == 0 and promotion.next_in_seconds is not None
+    assert 3590 < promotion.next_in_seconds <= 3600
     async with store.connection() as connection:
         await connection.execute("UPDATE agora.jobs SET run_at = now() - interval '1 second'")
+    assert await store.claim_jobs(["default"], 10, "w", 30) == []  # due, but not promoted yet
+    promotion = await store.promote_due_jobs(100)
+    assert (promotion.promoted, promotion.next_in_seconds) == (1, None)
     assert len(await store.claim_jobs(["default"], 10, "w", 30)) == 1
 
 
@@ -131,3 +139,35 @@ async def test_completion_probes_the_primary_key_even_with_idle_statistics(queue
         await connection.execute("RESET plan_cache_mode")
     assert "Index Scan using jobs_pkey" in plan, plan
     assert "jobs_lease_idx" not in plan, plan
+
+
+
+def _scan_of(node: dict[str, Any], index: str) -> dict[str, Any] | None:
+    """The plan node that scans ``index``, if any."""
+    if node.get("Index Name") == index:
+        return node
+    return next((found for child in node.get("Plans", []) if (found := _scan_of(child, index))), None)
+
+
+async def test_future_jobs_stay_out_of_the_claims_way(queue: Queue, store: Store) -> None:
+    # 100,000 priority-1 jobs due tomorrow and 10 due priority-0 jobs: the claim reads
+    # the 10, not the future rows (they wait outside the claim index until due).
+    tomorrow = datetime.now(UTC) + timedelta(days=1)
+    await queue.enqueue_many([JobSpec("later", priority=1, run_at=tomorrow) for _ in range(100_000)])
+    due = await queue.enqueue_many([JobSpec("now") for _ in range(10)])
+    async with store.connection() as connection:
+        await connection.execute("ANALYZE agora.jobs")
+        transaction = connection.transaction()
+        await transaction.start()
+        try:
+            [[plan]] = await connection.fetch(
+                f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {queries.CLAIM_JOBS}", "default", 10, "w", 30.0
+            )
+        finally:
+            await transaction.rollback()
+    root = json.loads(plan)[0]["Plan"]
+    scan = _scan_of(root, "jobs_claimable_idx")
+    assert scan is not None, json.dumps(root)
+    assert root["Actual Rows"] == scan["Actual Rows"] == len(due)
+    blocks = scan["Shared Hit Blocks"] + scan["Shared Read Blocks"]
+    assert blocks <= 5, f"the claim read {blocks} buffers of the index for 10 rows: {json.dumps(scan)}"

@@ -163,3 +163,26 @@ async def test_enqueue_in_callers_sqlalchemy_connection_and_session(queue: Queue
 async def test_enqueue_rejects_unknown_connection_types(queue: Queue) -> None:
     with pytest.raises(TypeError, match="asyncpg connection or a SQLAlchemy"):
         await queue.enqueue("k", connection=object())  # type: ignore[arg-type]
+
+
+async def test_inserts_wake_workers_only_for_jobs_due_now(queue: Queue, database_url: str) -> None:
+    # A delayed job wakes the promotion steps (agora_delayed), not the claim loops.
+    listener = await asyncpg.connect(database_url)
+    heard: list[tuple[str, str]] = []
+    try:
+        for channel in ("agora_jobs", "agora_delayed"):
+            await listener.add_listener(channel, lambda _c, _p, channel_, payload: heard.append((channel_, payload)))
+        await queue.enqueue("k", queue="later", run_at=datetime.now(UTC) + timedelta(hours=1))
+        await queue.enqueue_many([JobSpec("k", queue="later", run_at=datetime.now(UTC) + timedelta(hours=1))] * 2)
+        await queue.enqueue("k", queue="now")
+        await queue.enqueue_many([JobSpec("k", queue="soon"), JobSpec("k", queue="mixed", run_at=datetime.now(UTC) + timedelta(hours=1))])
+        for _ in range(50):
+            if len(heard) >= 5:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.1)
+    finally:
+        await listener.close()
+    assert sorted(heard) == sorted(
+        [("agora_delayed", ""), ("agora_delayed", ""), ("agora_jobs", "now"), ("agora_jobs", "soon"), ("agora_delayed", "")]
+    )

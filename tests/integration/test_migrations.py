@@ -74,3 +74,32 @@ async def test_every_column_is_commented(store: Store) -> None:
             """
         )
     assert [tuple(row) for row in missing] == []
+
+
+async def test_upgrade_to_delayed_jobs_marks_the_waiting_rows_and_downgrades(fresh_db: str) -> None:
+    store = Store.open(Database(fresh_db))
+    try:
+        await migrate.upgrade(store, "0005")
+        async with store.connection() as connection:
+            await connection.execute(
+                "INSERT INTO agora.jobs (name, kind, run_at) VALUES ('later', 'k', now() + interval '1 hour'), "
+                "('now', 'k', now()), ('gone', 'k', now() + interval '1 hour')"
+            )
+            await connection.execute("UPDATE agora.jobs SET status = 'done' WHERE name = 'gone'")
+        await migrate.upgrade(store)
+        async with store.connection() as connection:
+            flags = dict(await connection.fetch("SELECT name, delayed FROM agora.jobs"))
+        assert flags == {"later": True, "now": False, "gone": False}
+        await migrate.downgrade(store, "0005")
+        async with store.connection() as connection:
+            columns = await connection.fetchval(
+                "SELECT count(*) FROM information_schema.columns WHERE table_schema = 'agora' "
+                "AND table_name = 'jobs' AND column_name = 'delayed'"
+            )
+            predicate = await connection.fetchval(
+                "SELECT pg_get_expr(indpred, indrelid) FROM pg_index "
+                "WHERE indexrelid = 'agora.jobs_claimable_idx'::regclass"
+            )
+        assert columns == 0 and "delayed" not in predicate
+    finally:
+        await store.close()

@@ -490,3 +490,43 @@ async def _count(recorder: Recorder, calls: int) -> bool:
 async def _idle(store: Store, pipeline_id: str) -> bool:
     row = await store.get_schedule(pipeline_id)
     return row is not None and row.lease_owner is None
+
+
+async def test_runs_due_together_are_claimed_together(store: Store) -> None:
+    # 300 pipelines due at once, asked for by their loops at the same moment: a handful of
+    # statements claim them all, each exactly once, each with its own run row; a pipeline
+    # registered with another spec, or not due, is not claimed.
+    from agora_pg.db.schedule_rows import ScheduleRegistration
+    from agora_pg.runner.run_claims import RunClaims
+
+    spec = Schedule.every(seconds=60).spec
+    ids = [f"p{i:03}" for i in range(300)]
+    for pipeline_id in ids:
+        await store.upsert_schedule(ScheduleRegistration(pipeline_id, "every", spec, None, 60, 10))
+    await store.upsert_schedule(ScheduleRegistration("later", "every", spec, datetime.now(UTC) + timedelta(hours=1), 60, 10))
+    statements: list[int] = []
+    claim_many = store.claim_pipeline_runs
+
+    async def counted(pipelines: Any, worker_id: str, lease_seconds: float) -> Any:
+        statements.append(len(pipelines))
+        return await claim_many(pipelines, worker_id, lease_seconds)
+
+    store.claim_pipeline_runs = counted  # type: ignore[method-assign]
+    claims = RunClaims(store, "w", 30)
+    claimed = await asyncio.gather(
+        *(claims.claim(pipeline_id, spec) for pipeline_id in ids),
+        claims.claim("later", spec),
+        claims.claim("p000", "every(seconds=5)"),  # (the same id again, with another spec: the next statement)
+    )
+    assert len(statements) <= 3 and sum(statements) == 302, statements
+    assert claimed[-2:] == [None, None]
+    runs_claimed = [run for run in claimed[:-2] if run is not None]
+    assert [run.schedule.pipeline_id for run in runs_claimed] == ids
+    assert len({run.run_id for run in runs_claimed}) == 300
+    async with store.connection() as connection:
+        counts = await connection.fetchrow(
+            "SELECT count(*) AS runs, count(DISTINCT pipeline_id) AS pipelines FROM agora.runs WHERE status = 'running'"
+        )
+        leased = await connection.fetchval("SELECT count(*) FROM agora.schedules WHERE lease_owner = 'w'")
+    assert (counts["runs"], counts["pipelines"], leased) == (300, 300, 300)
+    assert await RunClaims(store, "other", 30).claim("p001", spec) is None  # leased: another worker waits

@@ -85,8 +85,11 @@ async def test_retries_to_exhaustion_step_by_step(queue: Queue, store: Store, se
             assert await store.claim_jobs(["default"], 1, "w", 30) == []  # not before its backoff
             async with store.connection() as connection:
                 await connection.execute("UPDATE agora.jobs SET run_at = now() WHERE id = $1", job.id)
+            assert (await store.promote_due_jobs(10)).promoted == 1  # (a worker's promoter does this)
     async with store.connection() as connection:
         await connection.execute("UPDATE agora.jobs SET run_at = now() WHERE id = $1", job.id)
+        assert await connection.fetchval("SELECT delayed FROM agora.jobs WHERE id = $1", job.id) is False
+    assert (await store.promote_due_jobs(10)).promoted == 0
     assert await store.claim_jobs(["default"], 1, "w", 30) == []  # at max_retries: never again
     assert await runs_of(store, job.id) == [
         (1, "failed", "ValueError: bad input #1"),
@@ -183,6 +186,33 @@ async def test_notification_wakes_an_idle_worker_at_once(queue: Queue, store: St
         await asyncio.sleep(0.2)  # let the first empty claims pass
         await queue.enqueue("mark")
         await asyncio.wait_for(started.wait(), 5)  # far below the 60 s poll
+
+
+async def test_a_delayed_job_and_a_retry_start_when_due_not_at_the_next_poll(
+    queue: Queue, store: Store, settings: Settings
+) -> None:
+    # A delayed job waits outside the claim index; the workers' promotion step, told of
+    # it by the insert (and of a retry by its outcome), moves it in when due.
+    failures: list[int] = []
+
+    async def flaky(job: Job, resources: Any) -> None:
+        if not failures:
+            failures.append(job.id)
+            raise Retry(1.0, "once more")
+
+    async with running(Worker({"flaky": flaky}, settings=settings.replace(poll_seconds=60))):
+        await wait_until(lambda: _listening(store))
+        job = await queue.enqueue("flaky", run_at=datetime.now(UTC) + timedelta(seconds=1.5))
+        await wait_until(lambda: _is(store, job.id, JobStatus.DONE), timeout=10)  # far below the 60 s poll
+    runs = await runs_of(store, job.id)
+    assert runs == [(1, "failed", "Retry: once more"), (2, "succeeded", None)]
+    async with store.connection() as connection:
+        first, second = await connection.fetch(
+            "SELECT r.started_at, r.finished_at FROM agora.runs AS r WHERE job_id = $1 ORDER BY attempt", job.id
+        )
+        created_at = await connection.fetchval("SELECT created_at FROM agora.jobs WHERE id = $1", job.id)
+    assert first["started_at"] >= created_at + timedelta(seconds=1.4)  # not before its run_at
+    assert second["started_at"] >= first["finished_at"] + timedelta(seconds=0.99)  # nor before its retry's
 
 
 async def test_without_notifications_polling_alone_runs_jobs(queue: Queue, store: Store, settings: Settings) -> None:
