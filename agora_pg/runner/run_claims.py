@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import logging
 
 from agora_pg.db.schedule_rows import ClaimedRun
 from agora_pg.db.store import Store
-
-log = logging.getLogger("agora_pg.runner")
 
 MAX_BATCH = 1000  # pipelines per claim statement
 

@@ -197,7 +197,7 @@ class ScheduledPipeline:
         its own)."""
         claims = claims or RunClaims(store, worker_id, settings.lease_seconds)
         async with supervising(supervisor, store.database, worker_id, settings) as leases:
-            runner = _PipelineRunner(self, store, worker_id, settings, leases, claims)
+            runner = _PipelineRunner(self, store, worker_id, leases, claims)
             if await runner.register():
                 await runner.loop()
 
@@ -226,14 +226,13 @@ class _PipelineRunner:
     """One ScheduledPipeline serving in one process."""
 
     def __init__(
-        self, pipeline: ScheduledPipeline, store: Store, worker_id: str, settings: Settings,
-        supervisor: LeaseSupervisor, claims: RunClaims,
+        self, pipeline: ScheduledPipeline, store: Store, worker_id: str, supervisor: LeaseSupervisor,
+        claims: RunClaims,
     ) -> None:
         self.pipeline = pipeline
         self.store = store
         self.claims = claims
         self.worker_id = worker_id
-        self.lease_seconds = settings.lease_seconds
         self.supervisor = supervisor
         self.spec = pipeline.schedule.spec
         self.what = f"pipeline {pipeline.pipeline_id}"

@@ -141,7 +141,6 @@ async def test_completion_probes_the_primary_key_even_with_idle_statistics(queue
     assert "jobs_lease_idx" not in plan, plan
 
 
-
 def _scan_of(node: dict[str, Any], index: str) -> dict[str, Any] | None:
     """The plan node that scans ``index``, if any."""
     if node.get("Index Name") == index:
