@@ -43,10 +43,56 @@ def shutdown_signals(on_first: Callable[[], None], on_second: Callable[[], None]
             loop.remove_signal_handler(signum)
 
 
+class WakeSignal:
+    """A flag one task waits on with a timeout (``wait``) and others raise (``set``): a
+    cheaper ``asyncio.Event`` plus ``wait_for_event`` for one waiter. A timeout resolves a
+    future from a timer; no task and no exception per wait. (A thousand pipelines waking
+    at one minute's tick cost the event loop about 30 ms through ``asyncio.Event``.)"""
+
+    def __init__(self) -> None:
+        self._set = False
+        self._waiter: asyncio.Future[bool] | None = None
+
+    def set(self) -> None:
+        self._set = True
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(True)
+
+    def clear(self) -> None:
+        self._set = False
+
+    def is_set(self) -> bool:
+        return self._set
+
+    async def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for ``set()``; True if it was set."""
+        if self._set:
+            return True
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[bool] = loop.create_future()
+        self._waiter = waiter
+        timer = loop.call_later(max(timeout, 0.0), _resolve, waiter, False)
+        try:
+            return await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+
+
+def _resolve(waiter: asyncio.Future[bool], value: bool) -> None:
+    if not waiter.done():
+        waiter.set_result(value)
+
+
 async def wait_for_event(event: asyncio.Event, timeout: float) -> bool:
-    """Wait up to ``timeout`` seconds for ``event``; True if it was set."""
+    """Wait up to ``timeout`` seconds for ``event``; True if it was set. (``asyncio.timeout``
+    rather than ``wait_for``, which runs the wait in a task of its own: a thousand pipelines
+    waking at one minute's tick took 15-35 ms of the event loop that way, against 5-15.)"""
+    if event.is_set():
+        return True
     try:
-        await asyncio.wait_for(event.wait(), timeout)
+        async with asyncio.timeout(max(timeout, 0.0)):
+            await event.wait()
     except TimeoutError:
         return False
     return True

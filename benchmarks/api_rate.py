@@ -23,7 +23,6 @@ import sys
 import tempfile
 import time
 import urllib.request
-from pathlib import Path
 
 from benchmarks.drain import ROOT, enqueue, scratch_database, worker_environment
 from agora_pg.settings import load_settings

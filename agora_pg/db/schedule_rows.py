@@ -60,7 +60,8 @@ class ClaimedRun:
     schedule: ScheduleRow
     run_id: int
     scheduled_for: datetime
-    database_now: datetime  # the database clock when the run was claimed
+    database_now: datetime  # the database clock when the claim statement began
+    sent_at: float  # this host's monotonic clock when it sent that statement
 
 
 @dataclasses.dataclass(frozen=True)

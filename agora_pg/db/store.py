@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from datetime import datetime
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, cast
@@ -211,6 +212,13 @@ class Store:
         async with self.connection() as connection:
             return cast(datetime, await connection.fetchval(queries.DATABASE_NOW))
 
+    async def read_database_clock(self) -> tuple[datetime, float]:
+        """A reading of the database clock: the start of a statement by the database,
+        and this host's monotonic time when the statement was sent."""
+        async with self.connection() as connection:
+            sent_at = time.monotonic()
+            return cast(datetime, await connection.fetchval(queries.STATEMENT_NOW)), sent_at
+
     async def get_job(self, job_id: int) -> Job:
         _require_possible(job_id)
         rows = await self._fetch(queries.SELECT_JOB, job_id)
@@ -387,14 +395,16 @@ class Store:
         """Claim the due runs of ``(pipeline_id, spec)`` pairs in one statement; the claimed
         ones by pipeline id (one not due, leased elsewhere or registered with another spec
         is absent). Pipeline ids must be distinct."""
-        rows = await self._fetch(
-            queries.CLAIM_PIPELINE_RUNS, [pipeline_id for pipeline_id, _ in pipelines], worker_id,
-            [spec for _, spec in pipelines], float(lease_seconds),
-        )
+        async with self.connection() as connection:
+            sent_at = time.monotonic()
+            rows = await connection.fetch(
+                queries.CLAIM_PIPELINE_RUNS, [pipeline_id for pipeline_id, _ in pipelines], worker_id,
+                [spec for _, spec in pipelines], float(lease_seconds),
+            )
         return {
             row["pipeline_id"]: ClaimedRun(
                 ScheduleRow.from_row(row), run_id=row["run_id"], scheduled_for=row["scheduled_for"],
-                database_now=row["database_now"],
+                database_now=row["database_now"], sent_at=sent_at,
             )
             for row in rows
         }
@@ -411,23 +421,21 @@ class Store:
         rows = await self._fetch(queries.RESCUE_PIPELINE_RUN, pipeline_id)
         return ScheduleRow.from_row(rows[0]) if rows else None
 
+    async def finish_pipeline_runs(self, finishes: Sequence[RunFinish]) -> set[str]:
+        """Record runs' ends in one statement; the pipeline ids whose run was recorded (one
+        absent: its worker no longer held the lease). Pipeline ids must be distinct."""
+        columns = (
+            "pipeline_id", "worker_id", "run_id", "status", "error_type", "error_message", "consecutive_errors",
+            "next_run_at", "state", "next_run_in_seconds", "traceback",
+        )
+        rows = await self._fetch(
+            queries.FINISH_PIPELINE_RUNS, *([getattr(finish, column) for finish in finishes] for column in columns)
+        )
+        return {row["pipeline_id"] for row in rows}
+
     async def finish_pipeline_run(self, finish: RunFinish) -> bool:
         """Record a run's end; False if this worker no longer held the lease."""
-        rows = await self._fetch(
-            queries.FINISH_PIPELINE_RUN,
-            finish.pipeline_id,
-            finish.worker_id,
-            finish.run_id,
-            finish.status,
-            finish.error_type,
-            finish.error_message,
-            finish.consecutive_errors,
-            finish.next_run_at,
-            finish.state,
-            finish.next_run_in_seconds,
-            finish.traceback,
-        )
-        return bool(rows)
+        return finish.pipeline_id in await self.finish_pipeline_runs([finish])
 
     async def release_pipeline_run(self, pipeline_id: str, worker_id: str, run_id: int) -> bool:
         rows = await self._fetch(queries.RELEASE_PIPELINE_RUN, pipeline_id, worker_id, run_id)

@@ -21,7 +21,7 @@ from agora_pg.errors import AgoraError, DatabaseUnavailable
 from agora_pg.lifecycle import shutdown_signals, wait_tasks_or_event
 from agora_pg.outcomes import describe_error
 from agora_pg.runner.health import DEFAULT_HOST, HealthServer
-from agora_pg.runner.run_claims import RunClaims
+from agora_pg.runner.run_batches import RunBatches
 from agora_pg.runner.schedule_listener import listen_for_schedule_changes
 from agora_pg.runner.scheduled_pipeline import ScheduledPipeline, ScheduleStopped
 from agora_pg.runtime.database_calls import StopSignal
@@ -142,9 +142,9 @@ class WorkerPool:
             self.health = HealthServer(self.health_port, self._live, self._ready, self.health_host, self._metrics)
             await self.health.start()
         tasks: dict[asyncio.Task[Any], ScheduledPipeline | Worker] = {}
-        claims = RunClaims(store, worker_id, settings.lease_seconds)  # due runs, claimed many per statement
+        batches = RunBatches(store, worker_id, settings.lease_seconds)  # run claims and finishes, many per statement
         for pipeline in self.pipelines:
-            serving = pipeline.serve(store, worker_id, settings, supervisor, claims)
+            serving = pipeline.serve(store, worker_id, settings, supervisor, batches)
             tasks[asyncio.create_task(serving, name=pipeline.pipeline_id)] = pipeline
         if self.job_worker is not None:
             worker_settings = settings.replace(shutdown_timeout=self.graceful_shutdown_timeout)

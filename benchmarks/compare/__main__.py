@@ -27,7 +27,7 @@ import asyncpg
 
 from agora_pg.db.connect import Database, resolve_database
 from agora_pg.settings import load_settings
-from benchmarks.compare import raw, report, workloads
+from benchmarks.compare import raw, report, server_work, workloads
 from benchmarks.compare.processes import ROOT
 from benchmarks.compare.systems.base import System
 
@@ -36,7 +36,7 @@ SYSTEMS = {
     "pgqueuer": "benchmarks.compare.systems.pgqueuer_system:PgQueuerSystem",
     "procrastinate": "benchmarks.compare.systems.procrastinate_system:ProcrastinateSystem",
 }
-WORKLOADS = ("enqueue", "drain", "latency", "schedules", "grown", "raw")
+WORKLOADS = ("enqueue", "drain", "work", "latency", "schedules", "grown", "raw")
 SERVER_SETTINGS = ("server_version", "synchronous_commit", "fsync", "shared_buffers", "max_connections",
                    "wal_level", "work_mem", "max_wal_size")
 
@@ -104,6 +104,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     chosen = [key.strip() for key in args.systems.split(",") if key.strip()]
     skip = {name.strip() for name in args.skip.split(",") if name.strip()}
     results: dict[str, Any] = {"systems": {}, "errors": [], "drain_jobs": args.jobs, "processes": args.processes,
+                               "drain_repeats": args.drain_repeats,
                                "history": args.history if "grown" not in skip else 0}
     async with resolve_database(settings) as server:
         results["server"] = await server_facts(server)
@@ -131,7 +132,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             if "drain" not in skip:
                 for processes in args.processes:
                     entry[f"drain_{processes}p"] = await attempt(
-                        f"drain {processes}p", workloads.drain_rate(server, system, args.jobs, processes))
+                        f"drain {processes}p", workloads.drain_rate_repeated(server, system, args.jobs, processes,
+                                                                             args.drain_repeats))
+            if "work" not in skip:
+                entry["work"] = await attempt(
+                    "server work per job", server_work.server_work_per_job(server, system, args.work_jobs))
             if "latency" not in skip:
                 latency = await attempt("latency", workloads.wakeup_latency(server, system, args.latency_jobs))
                 entry.update({f"wakeup_{k}": v for k, v in (latency or {}).items()})
@@ -169,7 +174,10 @@ def main() -> None:
     parser.add_argument("--skip", default="", help=f"comma-separated workloads to skip: {', '.join(WORKLOADS)}")
     parser.add_argument("--jobs", type=int, default=20_000, help="jobs per drain [20000]")
     parser.add_argument("--enqueue-jobs", type=int, default=10_000)
+    parser.add_argument("--drain-repeats", type=int, default=1,
+                        help="drains per process count, each in a fresh database; the median is reported [1]")
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--work-jobs", type=int, default=100_000, help="jobs of the server-work drain [100000]")
     parser.add_argument("--latency-jobs", type=int, default=200)
     parser.add_argument("--history", type=int, default=5_000_000, help="finished jobs preloaded for workload 5")
     parser.add_argument("--every-seconds", type=float, default=30)

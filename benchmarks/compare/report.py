@@ -44,7 +44,9 @@ def markdown(results: Results) -> str:
     row("1. enqueue, one call per job", "jobs/s", "enqueue_one_per_s", raw.get("insert_one_1c"), "pgbench insert one, 1 client")
     row("1. enqueue, batch API (median of 5)", "jobs/s", "enqueue_batch_per_s", raw.get("copy_10000"), "COPY 10,000 rows")
     for processes in results.get("processes", [1, 2, 4]):
-        row(f"2. drain {results['drain_jobs']:,} jobs, {processes} process(es)", "jobs/s", f"drain_{processes}p",
+        repeats = results.get("drain_repeats", 1)
+        median = f" (median of {repeats})" if repeats > 1 else ""
+        row(f"2. drain {results['drain_jobs']:,} jobs, {processes} process(es){median}", "jobs/s", f"drain_{processes}p",
             raw.get("claim_100_4c"), "claim+complete 100, 4 clients")
     for percentile in ("p50", "p95", "p99"):
         row(f"3. wake-up latency {percentile}", "ms (lower is better)", f"wakeup_{percentile}",
@@ -64,14 +66,38 @@ def markdown(results: Results) -> str:
               "| script | 1 client | 4 clients |", "|---|---:|---:|"]
     for script, label in (("insert_one", "insert one job (one durable commit)"),
                           ("claim_one", "claim one with SKIP LOCKED and complete it, one transaction"),
-                          ("claim_100", "claim 100 with SKIP LOCKED and complete them, one transaction")):
+                          ("claim_100", "claim 100 with SKIP LOCKED and complete them, one transaction"),
+                          ("claim_100_ordered", "the same in agora-pg's claim order (queue, priority, run_at)")):
         lines.append(f"| {label} | {_fmt(raw.get(f'{script}_1c'))} | {_fmt(raw.get(f'{script}_4c'))} |")
     lines.append(f"| COPY of 10,000 rows | {_fmt(raw.get('copy_10000'))} | |")
+    lines += work_table(results)
     lines += ["", "Settings of each system:", ""]
     lines += [f"- {systems[k]['name']}: {systems[k]['describe']}" for k in ["agora", *peers] if k in systems]
     if results.get("errors"):
         lines += ["", "Errors:", ""] + [f"- {error}" for error in results["errors"]]
     return "\n".join(lines) + "\n"
+
+
+WORK_COLUMNS = (
+    ("drain_per_s", "drain jobs/s", 0), ("server_cpu_us", "server CPU us", 1), ("worker_cpu_us", "worker CPU us", 1),
+    ("worker_peak_rss_mb", "worker peak RSS MB", 0),
+    ("wal_bytes", "WAL bytes", 0), ("wal_records", "WAL records", 2), ("wal_fpi", "full-page images", 3),
+    ("commits", "commits", 3), ("rows_written", "rows written", 2),
+)
+
+
+def work_table(results: Results) -> list[str]:
+    """The server's work per job of each system's one-process drain (empty if not measured)."""
+    measured = [(system["name"], system["work"]) for system in results["systems"].values() if system.get("work")]
+    if not measured:
+        return []
+    jobs = measured[0][1]["jobs"]
+    lines = ["", f"Server work per job, one worker process draining {jobs:,} jobs (after a CHECKPOINT):", "",
+             "| system | " + " | ".join(label for _, label, _ in WORK_COLUMNS) + " |",
+             "|---|" + "---:|" * len(WORK_COLUMNS)]
+    for name, work in measured:
+        lines.append(f"| {name} | " + " | ".join(_fmt(work.get(key), digits) for key, _, digits in WORK_COLUMNS) + " |")
+    return lines
 
 
 def chart(results: Results, path: Path) -> bool:

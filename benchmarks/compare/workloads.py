@@ -22,7 +22,9 @@ async def enqueue_rates(server: Database, system: System, count: int) -> dict[st
     async with fresh_database(server, system, "enqb") as url:
         # A 10,000-job batch enqueue takes a few tenths of a second: report the median
         # of several, one after another into the same table.
-        batch = statistics.median([await system.enqueue_batch(url, count) for _ in range(BATCH_ENQUEUE_REPEATS)])
+        batch = statistics.median(
+            [await system.enqueue_batch(url, count, warm_up=True) for _ in range(BATCH_ENQUEUE_REPEATS)]
+        )
     return {"enqueue_one_per_s": count / one, "enqueue_batch_per_s": count / batch}
 
 
@@ -30,6 +32,11 @@ async def drain_rate(server: Database, system: System, jobs: int, processes: int
     """Jobs per second from the first to the last completion recorded by the system."""
     async with fresh_database(server, system, label) as url:
         return await _drain_once(system, url, jobs, processes)
+
+
+async def drain_rate_repeated(server: Database, system: System, jobs: int, processes: int, repeats: int) -> float:
+    """The median of ``repeats`` drains, each in a fresh database."""
+    return statistics.median([await drain_rate(server, system, jobs, processes) for _ in range(repeats)])
 
 
 async def drain_rate_median(server: Database, system: System, jobs: int, repeats: int, label: str,

@@ -352,7 +352,7 @@ async def test_an_async_handler_blocking_the_loop_keeps_its_lease_and_is_named(
     codes = [stop(worker) for worker in (blocked, other)]
     assert all(code == 0 for code, _output in codes), codes
     output = codes[0][1]
-    assert f"the event loop has been blocked for" in output
+    assert "the event loop has been blocked for" in output
     assert f"job {job.id} (kind 'block_loop', handler worker_app.block_loop)" in output
     assert "make the handler a plain def" in output
     assert completed_once(ledger_dir) == {job.id: 1}

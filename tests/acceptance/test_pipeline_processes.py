@@ -7,11 +7,8 @@ import csv
 import os
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
-import pytest
 
 from ..conftest import Processes
 from .test_api_processes import REPO, cli

@@ -17,7 +17,6 @@ import pytest
 
 from agora_pg import JobSpec, Queue
 from agora_pg.db import migrate
-from agora_pg.db.store import Store
 
 from ..conftest import Processes
 from .worker_app import CREATE_EXECUTIONS

@@ -6,7 +6,6 @@ import asyncio
 import socket
 import threading
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg

@@ -253,21 +253,28 @@ async def test_cancelling_a_running_async_job_stops_it_and_it_is_not_retried(
 
 
 async def test_cancelling_a_running_sync_job_waits_for_its_thread(
-    queue: Queue, store: Store, settings: Settings
+    queue: Queue, store: Store, settings: Settings, caplog: pytest.LogCaptureFixture
 ) -> None:
     release = threading.Event()
 
     def blocking(job: Job, resources: Any) -> None:
         release.wait(30)
 
+    async def worker_waits_for_the_thread() -> bool:
+        return any("cannot be interrupted" in record.getMessage() for record in caplog.records)
+
     job = await queue.enqueue("blocking")
-    async with running(Worker({"blocking": blocking}, settings=settings)):
-        await wait_until(lambda: _is(store, job.id, JobStatus.PROCESSING))
-        await queue.cancel(job.id)
-        await asyncio.sleep(0.5)
-        assert (await store.get_job(job.id)).status is JobStatus.PROCESSING  # the thread still runs
-        release.set()
-        await wait_until(lambda: _is(store, job.id, JobStatus.CANCELLED))
+    with caplog.at_level(logging.WARNING, logger="agora_pg.worker"):
+        async with running(Worker({"blocking": blocking}, settings=settings)):
+            await wait_until(lambda: _is(store, job.id, JobStatus.PROCESSING))
+            await queue.cancel(job.id)
+            # The worker learns of the cancel by NOTIFY, or by its next lease renewal when
+            # the claim came before its LISTEN (a job enqueued before the worker started).
+            await wait_until(worker_waits_for_the_thread, timeout=30)
+            await asyncio.sleep(0.2)
+            assert (await store.get_job(job.id)).status is JobStatus.PROCESSING  # the thread still runs
+            release.set()
+            await wait_until(lambda: _is(store, job.id, JobStatus.CANCELLED))
     assert [run[:2] for run in await job_runs(store, job.id)] == [(1, "cancelled")]
 
 
@@ -297,7 +304,7 @@ async def test_fail_and_non_retryable_types_end_the_job_at_once(
         )
         [(attempt, status, error_type, traceback)] = await job_runs(store, job.id)
         assert status == "failed" and traceback is not None
-        assert f"in card\n" in traceback and traceback.rstrip().endswith(message)
+        assert "in card\n" in traceback and traceback.rstrip().endswith(message)
     logged = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
     assert any(f"job {failing[0].id} (kind 'card'" in line and "Traceback" in line for line in logged)
 

@@ -34,7 +34,6 @@ from agora_pg.pipelines import (
 from agora_pg.pipelines.pipeline import PipelineRun, current_run
 from agora_pg.runner import Schedule, ScheduledPipeline
 
-from .helpers import wait_until
 
 EVENTS = "CREATE TABLE public.events (id int PRIMARY KEY, amount numeric NOT NULL CHECK (amount >= 0), note text)"
 

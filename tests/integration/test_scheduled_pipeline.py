@@ -497,7 +497,7 @@ async def test_runs_due_together_are_claimed_together(store: Store) -> None:
     # statements claim them all, each exactly once, each with its own run row; a pipeline
     # registered with another spec, or not due, is not claimed.
     from agora_pg.db.schedule_rows import ScheduleRegistration
-    from agora_pg.runner.run_claims import RunClaims
+    from agora_pg.runner.run_batches import RunBatches
 
     spec = Schedule.every(seconds=60).spec
     ids = [f"p{i:03}" for i in range(300)]
@@ -512,7 +512,7 @@ async def test_runs_due_together_are_claimed_together(store: Store) -> None:
         return await claim_many(pipelines, worker_id, lease_seconds)
 
     store.claim_pipeline_runs = counted  # type: ignore[method-assign]
-    claims = RunClaims(store, "w", 30)
+    claims = RunBatches(store, "w", 30)
     claimed = await asyncio.gather(
         *(claims.claim(pipeline_id, spec) for pipeline_id in ids),
         claims.claim("later", spec),
@@ -529,4 +529,61 @@ async def test_runs_due_together_are_claimed_together(store: Store) -> None:
         )
         leased = await connection.fetchval("SELECT count(*) FROM agora.schedules WHERE lease_owner = 'w'")
     assert (counts["runs"], counts["pipelines"], leased) == (300, 300, 300)
-    assert await RunClaims(store, "other", 30).claim("p001", spec) is None  # leased: another worker waits
+    assert await RunBatches(store, "other", 30).claim("p001", spec) is None  # leased: another worker waits
+
+
+async def test_runs_ending_together_are_recorded_together_while_their_leases_are_renewed(store: Store) -> None:
+    # 200 runs end at once while the heartbeat renews all their leases in a loop: a handful
+    # of statements record them all, a run whose lease went to another worker is fenced
+    # (False, its run row untouched), and renewals and batched finishes never deadlock
+    # (they lock schedule rows in the same order).
+    from agora_pg.db.schedule_rows import RunFinish, ScheduleRegistration
+    from agora_pg.runner.run_batches import RunBatches
+
+    spec = Schedule.every(seconds=60).spec
+    ids = [f"p{i:03}" for i in range(200)]
+    for pipeline_id in ids:
+        await store.upsert_schedule(ScheduleRegistration(pipeline_id, "every", spec, None, 60, 10))
+    await store.register_worker("w", "host", 1, ["default"])
+    batches = RunBatches(store, "w", 30)
+    claimed = await asyncio.gather(*(batches.claim(pipeline_id, spec) for pipeline_id in ids))
+    runs_by_id = {run.schedule.pipeline_id: run for run in claimed if run is not None}
+    assert len(runs_by_id) == 200
+    async with store.connection() as connection:
+        await connection.execute("UPDATE agora.schedules SET lease_owner = 'thief' WHERE pipeline_id = 'p007'")
+    statements: list[int] = []
+    finish_many = store.finish_pipeline_runs
+
+    async def counted(finishes: Any) -> Any:
+        statements.append(len(finishes))
+        return await finish_many(finishes)
+
+    store.finish_pipeline_runs = counted  # type: ignore[method-assign]
+    held = [(pipeline_id, run.run_id) for pipeline_id, run in runs_by_id.items()]
+    finishing = True
+
+    async def heartbeat() -> int:
+        rounds = 0
+        while finishing:
+            await store.renew_leases("w", 30, [], held[::-1] if rounds % 2 else held)
+            rounds += 1
+        return rounds
+
+    renewing = asyncio.create_task(heartbeat())
+
+    async def end(pipeline_id: str) -> bool:
+        await asyncio.sleep(0.001 * (hash(pipeline_id) % 20))  # (ends spread over 20 ms)
+        run = runs_by_id[pipeline_id]
+        next_run = datetime.now(UTC) + timedelta(seconds=60)
+        return await batches.finish(RunFinish(pipeline_id, "w", run.run_id, "succeeded", None, None, 0, next_run, "active"))
+
+    recorded = await asyncio.wait_for(asyncio.gather(*(end(pipeline_id) for pipeline_id in ids)), 30)
+    finishing = False
+    assert await asyncio.wait_for(renewing, 30) >= 1
+    assert recorded == [pipeline_id != "p007" for pipeline_id in ids]
+    assert 1 <= len(statements) <= 20 and sum(statements) == 200, statements
+    async with store.connection() as connection:
+        statuses = dict(await connection.fetch("SELECT status, count(*) FROM agora.runs GROUP BY status"))
+        leased = await connection.fetchval("SELECT count(*) FROM agora.schedules WHERE lease_owner IS NOT NULL")
+    assert statuses == {"succeeded": 199, "running": 1}
+    assert leased == 1  # (the thief's)

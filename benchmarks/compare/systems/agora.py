@@ -40,9 +40,11 @@ class AgoraSystem(System):
                 await queue.enqueue("noop", {"i": index})
             return time.perf_counter() - started
 
-    async def enqueue_batch(self, url: str, count: int) -> float:
+    async def enqueue_batch(self, url: str, count: int, warm_up: bool = False) -> float:
         async with Queue.connect(url) as queue:
             await queue.store.ping()
+            if warm_up:
+                await queue.enqueue_many([JobSpec("noop", {"i": -1})])
             started = time.perf_counter()
             for offset in range(0, count, 5000):
                 await queue.enqueue_many([JobSpec("noop", {"i": i}) for i in range(offset, min(count, offset + 5000))])

@@ -2,7 +2,8 @@
 
 A system is driven only through its public API. The harness:
 - calls ``setup(url)`` on an empty database;
-- times ``enqueue_one_by_one`` / ``enqueue_batch`` (each returns elapsed seconds);
+- times ``enqueue_one_by_one`` / ``enqueue_batch`` (each returns elapsed seconds; a timed
+  batch enqueue warms its connection up first);
 - for drains, enqueues with ``enqueue_batch`` (untimed), starts ``processes`` copies of
   ``worker_command(url, "drain")`` (cwd = repository root), polls ``done_count`` until all
   jobs are done, then asks ``completion_span_seconds`` for the time from the first to the
@@ -63,8 +64,10 @@ class System(abc.ABC):
         """Enqueue ``count`` no-op jobs with one API call (and one commit) each; seconds taken."""
 
     @abc.abstractmethod
-    async def enqueue_batch(self, url: str, count: int) -> float:
-        """Enqueue ``count`` no-op jobs through the system's batch API; seconds taken."""
+    async def enqueue_batch(self, url: str, count: int, warm_up: bool = False) -> float:
+        """Enqueue ``count`` no-op jobs through the system's batch API; seconds taken. With
+        ``warm_up``, one batch of one job goes first, untimed, on the same connection (the
+        first call on a fresh connection prepares its statements and is 40-60 % slower)."""
 
     @abc.abstractmethod
     def worker_command(self, url: str, mode: Mode) -> list[str]:

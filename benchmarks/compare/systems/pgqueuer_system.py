@@ -62,8 +62,10 @@ class PgQueuerSystem(System):
                 await queries.enqueue("noop", _payload(index))
             return time.perf_counter() - started
 
-    async def enqueue_batch(self, url: str, count: int) -> float:
+    async def enqueue_batch(self, url: str, count: int, warm_up: bool = False) -> float:
         async with _queries(url) as queries:
+            if warm_up:
+                await queries.enqueue(["noop"], [_payload(-1)], [0])
             started = time.perf_counter()
             for offset in range(0, count, CHUNK):
                 size = min(count, offset + CHUNK) - offset

@@ -45,9 +45,11 @@ class ProcrastinateSystem(System):
                 await bench.noop.defer_async(i=index)
             return time.perf_counter() - started
 
-    async def enqueue_batch(self, url: str, count: int) -> float:
+    async def enqueue_batch(self, url: str, count: int, warm_up: bool = False) -> float:
         bench = make_app(url, pool_size=1)
         async with bench.app.open_async():
+            if warm_up:
+                await bench.noop.batch_defer_async({"i": -1})
             started = time.perf_counter()
             for offset in range(0, count, BATCH_SIZE):
                 chunk: list[JSONDict] = [{"i": i} for i in range(offset, min(count, offset + BATCH_SIZE))]
