@@ -314,9 +314,11 @@ INSERT INTO agora.workers (id, hostname, pid, queues) VALUES ($1, $2, $3, $4::te
 # The lease supervisor's renewal: worker $1 is alive, and exactly the leases it holds
 # (job attempts ($3 ids, $4 attempts), pipeline runs ($5 pipeline ids, $6 run ids)) are
 # extended by $2 seconds. Returns the ones it no longer holds (lost: taken over or
-# rescued) and the job attempts whose cancel was asked for, as (id, attempt) pairs. Job rows locked right now are being
-# finished by this worker: skipped rather than waited for (no deadlock with that
-# statement), and not lost (the snapshot still shows them held). A renewed job is looked
+# rescued) and the job attempts whose cancel was asked for, as (id, attempt) pairs. Job and
+# schedule rows locked right now are being finished by this worker: skipped rather than
+# waited for (no deadlock with that statement; waiting, a renewal that met a batch of run
+# finishes found those runs gone and stopped them as lost), and not lost (the snapshot
+# still shows them held). A renewed job is looked
 # up once (its cancel comes back from the update); only the unrenewed are looked up again
 # (16 % less server CPU per renewal than three lookups per job: benchmarks/heartbeat_cost.py).
 RENEW_LEASES = """
@@ -333,13 +335,13 @@ WITH worker AS (
     UPDATE agora.jobs AS j SET lease_expires_at = now() + make_interval(secs => $2)
     FROM held WHERE j.id = held.id
     RETURNING j.id, j.attempt, j.cancel_requested_at
+), runs_wanted AS (
+    SELECT * FROM unnest($5::text[], $6::bigint[]) AS t(pipeline_id, run_id)
 ), runs_held AS (
     SELECT s.pipeline_id FROM agora.schedules AS s
-    JOIN unnest($5::text[], $6::bigint[]) AS t(pipeline_id, run_id)
-      ON s.pipeline_id = t.pipeline_id AND s.lease_run_id = t.run_id
+    JOIN runs_wanted AS t ON s.pipeline_id = t.pipeline_id AND s.lease_run_id = t.run_id
     WHERE s.lease_owner = $1
-    ORDER BY s.pipeline_id
-    FOR UPDATE OF s
+    FOR UPDATE OF s SKIP LOCKED
 ), runs_renewed AS (
     UPDATE agora.schedules AS s SET lease_expires_at = now() + make_interval(secs => $2)
     FROM runs_held WHERE s.pipeline_id = runs_held.pipeline_id
@@ -349,8 +351,11 @@ WITH worker AS (
 )
 SELECT lost.ids AS lost_job_ids, lost.attempts AS lost_job_attempts,
        cancel.ids AS cancel_job_ids, cancel.attempts AS cancel_job_attempts,
-       ARRAY(SELECT t.pipeline_id FROM unnest($5::text[]) AS t(pipeline_id)
-             WHERE t.pipeline_id NOT IN (SELECT pipeline_id FROM runs_renewed)) AS lost_runs
+       ARRAY(SELECT t.pipeline_id FROM runs_wanted AS t
+             WHERE t.pipeline_id NOT IN (SELECT pipeline_id FROM runs_renewed) AND NOT EXISTS (
+                 SELECT 1 FROM agora.schedules AS s
+                 WHERE s.pipeline_id = t.pipeline_id AND s.lease_run_id = t.run_id AND s.lease_owner = $1
+             )) AS lost_runs
 FROM (
     SELECT coalesce(array_agg(w.id ORDER BY w.id, w.attempt), '{}') AS ids,
            coalesce(array_agg(w.attempt ORDER BY w.id, w.attempt), '{}') AS attempts
@@ -515,7 +520,7 @@ WITH finished AS (
                          $8::timestamptz[], $9::text[], $10::float8[], $11::text[])
         AS t(pipeline_id, worker_id, run_id, status, error_type, error_message, consecutive_errors,
              next_run_at, state, next_run_in_seconds, traceback)
-), held AS (  -- locked in pipeline order, as the lease renewal locks them: no deadlock between the two
+), held AS (  -- locked in pipeline order: two such statements never deadlock (a renewal skips locked rows)
     SELECT s.pipeline_id FROM agora.schedules AS s JOIN finished AS f
       ON s.pipeline_id = f.pipeline_id AND s.lease_owner = f.worker_id AND s.lease_run_id = f.run_id
     ORDER BY s.pipeline_id

@@ -130,13 +130,19 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 rates = await attempt("enqueue", workloads.enqueue_rates(server, system, args.enqueue_jobs))
                 entry.update(rates or {})
             if "drain" not in skip:
+                drain_jobs = args.procrastinate_jobs if key == "procrastinate" and args.procrastinate_jobs else args.jobs
+                if drain_jobs != args.jobs:
+                    entry["describe"] += f"; drains of {drain_jobs:,} jobs (it drains a few hundred a second)"
                 for processes in args.processes:
                     entry[f"drain_{processes}p"] = await attempt(
-                        f"drain {processes}p", workloads.drain_rate_repeated(server, system, args.jobs, processes,
+                        f"drain {processes}p", workloads.drain_rate_repeated(server, system, drain_jobs, processes,
                                                                              args.drain_repeats))
             if "work" not in skip:
+                work_jobs = args.work_jobs
+                if key == "procrastinate" and args.procrastinate_jobs:
+                    work_jobs = min(work_jobs, args.procrastinate_jobs)
                 entry["work"] = await attempt(
-                    "server work per job", server_work.server_work_per_job(server, system, args.work_jobs))
+                    "server work per job", server_work.server_work_per_job(server, system, work_jobs))
             if "latency" not in skip:
                 latency = await attempt("latency", workloads.wakeup_latency(server, system, args.latency_jobs))
                 entry.update({f"wakeup_{k}": v for k, v in (latency or {}).items()})
@@ -173,6 +179,9 @@ def main() -> None:
     parser.add_argument("--systems", default="agora,pgqueuer,procrastinate")
     parser.add_argument("--skip", default="", help=f"comma-separated workloads to skip: {', '.join(WORKLOADS)}")
     parser.add_argument("--jobs", type=int, default=20_000, help="jobs per drain [20000]")
+    parser.add_argument("--procrastinate-jobs", type=int,
+                        help="jobs per drain (and at most per server-work drain) for Procrastinate, whose drains "
+                             "are 50-70x slower [--jobs]")
     parser.add_argument("--enqueue-jobs", type=int, default=10_000)
     parser.add_argument("--drain-repeats", type=int, default=1,
                         help="drains per process count, each in a fresh database; the median is reported [1]")

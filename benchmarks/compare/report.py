@@ -91,12 +91,12 @@ def work_table(results: Results) -> list[str]:
     measured = [(system["name"], system["work"]) for system in results["systems"].values() if system.get("work")]
     if not measured:
         return []
-    jobs = measured[0][1]["jobs"]
-    lines = ["", f"Server work per job, one worker process draining {jobs:,} jobs (after a CHECKPOINT):", "",
-             "| system | " + " | ".join(label for _, label, _ in WORK_COLUMNS) + " |",
-             "|---|" + "---:|" * len(WORK_COLUMNS)]
+    lines = ["", "Server work per job, one worker process draining pre-enqueued no-op jobs (after a CHECKPOINT):",
+             "", "| system | jobs | " + " | ".join(label for _, label, _ in WORK_COLUMNS) + " |",
+             "|---|---:|" + "---:|" * len(WORK_COLUMNS)]
     for name, work in measured:
-        lines.append(f"| {name} | " + " | ".join(_fmt(work.get(key), digits) for key, _, digits in WORK_COLUMNS) + " |")
+        lines.append(f"| {name} | {work['jobs']:,} | "
+                     + " | ".join(_fmt(work.get(key), digits) for key, _, digits in WORK_COLUMNS) + " |")
     return lines
 
 

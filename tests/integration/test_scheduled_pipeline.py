@@ -536,7 +536,7 @@ async def test_runs_ending_together_are_recorded_together_while_their_leases_are
     # 200 runs end at once while the heartbeat renews all their leases in a loop: a handful
     # of statements record them all, a run whose lease went to another worker is fenced
     # (False, its run row untouched), and renewals and batched finishes never deadlock
-    # (they lock schedule rows in the same order).
+    # (a renewal skips the rows a finish holds).
     from agora_pg.db.schedule_rows import RunFinish, ScheduleRegistration
     from agora_pg.runner.run_batches import RunBatches
 
@@ -587,3 +587,31 @@ async def test_runs_ending_together_are_recorded_together_while_their_leases_are
         leased = await connection.fetchval("SELECT count(*) FROM agora.schedules WHERE lease_owner IS NOT NULL")
     assert statuses == {"succeeded": 199, "running": 1}
     assert leased == 1  # (the thief's)
+
+
+async def test_a_renewal_skips_a_run_being_finished_and_does_not_call_it_lost(store: Store) -> None:
+    import asyncpg
+
+    from agora_pg.db.schedule_rows import ScheduleRegistration
+    from agora_pg.runner.run_batches import RunBatches
+
+    spec = Schedule.every(seconds=60).spec
+    await store.upsert_schedule(ScheduleRegistration("p", "every", spec, None, 60, 10))
+    await store.register_worker("w", "host", 1, ["default"])
+    run = await RunBatches(store, "w", 30).claim("p", spec)
+    assert run is not None
+    token = [("p", run.run_id)]
+    holder = await asyncpg.connect(store.database.asyncpg_url)
+    try:
+        async with holder.transaction():
+            await holder.execute("SELECT 1 FROM agora.schedules WHERE pipeline_id = 'p' FOR UPDATE")
+            # locked as by the run's finish in flight: the renewal neither waits for it (it
+            # would then find the run gone and stop it as lost) nor calls it lost
+            renewal = await asyncio.wait_for(store.renew_leases("w", 60, [], token), timeout=5)
+            assert renewal.lost_runs == set()
+    finally:
+        await holder.close()
+    assert (await store.renew_leases("w", 60, [], token)).lost_runs == set()
+    async with store.connection() as connection:
+        await connection.execute("UPDATE agora.schedules SET lease_owner = 'thief' WHERE pipeline_id = 'p'")
+    assert (await store.renew_leases("w", 60, [], token)).lost_runs == {"p"}
