@@ -694,9 +694,17 @@ async def bad_handlers(setup: Setup, size: Size) -> Result:
     async def fault() -> dict[str, Any]:
         store = Store.open(Database(setup.database_url), pool_size=1)
         try:
-            for kind, retries in (("hang", 1), ("exit", 3), ("poison", 0)):
+            # The poison jobs first, until they have failed: claimed in one batch with the
+            # exit jobs, they could die with their worker three times and end WorkerLost
+            # (as they should) instead of showing how their error text is recorded.
+            for kind, retries in (("poison", 0), ("hang", 1), ("exit", 3)):
                 jobs = await store.enqueue([JobSpec(kind, {}, max_retries=retries) for _ in range(2)])
                 bad[kind] = [job.id for job, _ in jobs]
+                poison_ends = time.monotonic() + 10
+                while kind == "poison" and time.monotonic() < poison_ends:
+                    if all([(await store.get_job(job_id)).status.value == "failed" for job_id in bad[kind]]):
+                        break
+                    await asyncio.sleep(0.1)
         finally:
             await store.close()
         replaced = 0
