@@ -7,7 +7,9 @@ import contextlib
 import logging
 import signal
 from collections.abc import Callable, Collection, Iterator
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 log = logging.getLogger("agora_pg")
 
@@ -71,7 +73,7 @@ class WakeSignal:
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[bool] = loop.create_future()
         self._waiter = waiter
-        timer = loop.call_later(max(timeout, 0.0), _resolve, waiter, False)
+        timer = loop.call_later(max(timeout, 0.0), resolve_once, waiter, False)
         try:
             return await waiter
         finally:
@@ -79,9 +81,10 @@ class WakeSignal:
             self._waiter = None
 
 
-def _resolve(waiter: asyncio.Future[bool], value: bool) -> None:
-    if not waiter.done():
-        waiter.set_result(value)
+def resolve_once(future: asyncio.Future[T], value: T) -> None:
+    """Set ``future``'s result unless it is done (a timer's callback racing a wake-up)."""
+    if not future.done():
+        future.set_result(value)
 
 
 async def wait_for_event(event: asyncio.Event, timeout: float) -> bool:

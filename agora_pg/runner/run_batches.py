@@ -20,6 +20,7 @@ from typing import Generic, TypeVar
 
 from agora_pg.db.schedule_rows import ClaimedRun, RunFinish
 from agora_pg.db.store import Store
+from agora_pg.lifecycle import resolve_once
 from agora_pg.runner.database_clock import DatabaseClock
 
 MAX_BATCH = 1000  # asks per statement
@@ -100,7 +101,7 @@ class _Batcher(Generic[Ask, Answer]):
         """Wait ``seconds``, or less if an ask that is due now arrives."""
         loop = asyncio.get_running_loop()
         self._nap = nap = loop.create_future()
-        timer = loop.call_later(seconds, _resolve, nap)
+        timer = loop.call_later(seconds, resolve_once, nap, None)
         try:
             await nap
         finally:
@@ -135,11 +136,6 @@ class _Batcher(Generic[Ask, Answer]):
                 batch.append(pending)
         self._pending = later
         return batch
-
-
-def _resolve(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
 
 
 class RunBatches:
