@@ -27,6 +27,7 @@ _EXPORTS = {
     "RunStatus": "agora_pg.jobs",
     "Queue": "agora_pg.queue",
     "Settings": "agora_pg.settings",
+    "SyncQueue": "agora_pg.sync_queue",
     "load_settings": "agora_pg.settings",
     "Handler": "agora_pg.worker",
     "Handlers": "agora_pg.worker",
@@ -68,5 +69,6 @@ if TYPE_CHECKING:
     from agora_pg.jobs import Job, JobStatus, RunStatus
     from agora_pg.queue import Queue
     from agora_pg.settings import Settings, load_settings
+    from agora_pg.sync_queue import SyncQueue
     from agora_pg.events.model import Event, EventFilter
     from agora_pg.worker import Handler, Handlers, JobContext, KindOptions, NoJobContext, UnknownJobKind, Worker, job_context

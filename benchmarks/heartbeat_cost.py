@@ -5,7 +5,7 @@
 
 A scratch database gets W worker rows and W x J jobs in ``processing``, each leased to
 its worker. One round is what the lease supervisors of all W workers send in one renewal
-interval (``lease_seconds / 4``): W ``RENEW_LEASES`` statements (the statement of
+interval (``lease_seconds / RENEWALS_PER_LEASE``): W ``RENEW_LEASES`` statements (the statement of
 ``Store.renew_leases``), each naming its worker's J ``(id, attempt)`` tokens,
 over 10 connections. Measured per round: the CPU time of the server processes that ran
 the statements (from ``/proc/<backend pid>/stat``, so the server must run on this host),
@@ -23,6 +23,7 @@ import time
 import asyncpg
 
 from agora_pg.db import queries
+from agora_pg.runtime.leases import RENEWALS_PER_LEASE
 from agora_pg.settings import load_settings
 from benchmarks.drain import scratch_database
 
@@ -72,7 +73,7 @@ async def measure(database_url: str, workers: int, jobs_per_worker: int, rounds:
             backends = [await connection.fetchval("SELECT pg_backend_pid()") for connection in connections]
             probe = connections[0]
             print(f"PostgreSQL {await probe.fetchval('SHOW server_version')}; {os.cpu_count()} cores; "
-                  f"{workers} workers x {jobs_per_worker} running jobs; renewal every {lease_seconds / 4:g} s")
+                  f"{workers} workers x {jobs_per_worker} running jobs; renewal every {lease_seconds / RENEWALS_PER_LEASE:g} s")
             print("| round | wall ms | server CPU ms | WAL KB | job updates | HOT | share of 1 core | share of all cores |")
             print("|---:|---:|---:|---:|---:|---:|---:|---:|")
             queue: asyncio.Queue[str] = asyncio.Queue()
@@ -103,7 +104,7 @@ async def measure(database_url: str, workers: int, jobs_per_worker: int, rounds:
                 updates_after = await _table_updates(probe)
                 updated = updates_after[0] - updates_before[0]
                 hot = updates_after[1] - updates_before[1]
-                interval = lease_seconds / 4
+                interval = lease_seconds / RENEWALS_PER_LEASE
                 print(f"| {number} | {wall * 1000:.0f} | {cpu * 1000:.0f} | {float(wal) / 1024:,.0f} | {updated:,} "
                       f"| {hot:,} | {cpu / interval:.1%} | {cpu / interval / (os.cpu_count() or 1):.1%} |",
                       flush=True)

@@ -55,8 +55,10 @@ def row_to_job(row: Mapping[str, Any]) -> Job:
     """Build a ``Job`` from a row selected with ``queries.JOB_COLUMNS``."""
     fields = dict(row.items())  # (for an asyncpg Record, 15 % faster than dict(row))
     fields["status"] = _STATUSES[fields["status"]]
-    fields["payload"] = json.loads(fields["payload"])
-    if fields["progress"] is not None:
+    # asyncpg hands jsonb over as text; psycopg (the synchronous enqueue) decoded already
+    if isinstance(fields["payload"], str):
+        fields["payload"] = json.loads(fields["payload"])
+    if isinstance(fields["progress"], str):
         fields["progress"] = json.loads(fields["progress"])
     return Job.from_fields(fields)
 

@@ -1,7 +1,7 @@
 """The lease supervisor: one per process, for job attempts and pipeline runs alike.
 
 Every claim hands back a lease token. The supervisor renews exactly the tokens
-its process holds, in one statement every ``lease_seconds / 4``, from a thread of
+its process holds, in one statement every ``lease_seconds / 3``, from a thread of
 its own with a database connection of its own, so an event loop blocked by a
 handler cannot stop renewals. Renewal results come back to the event loop as
 stop requests:
@@ -34,7 +34,7 @@ from agora_pg.settings import Settings
 
 log = logging.getLogger("agora_pg.leases")
 
-RENEWALS_PER_LEASE = 4  # renew every lease_seconds / 4
+RENEWALS_PER_LEASE = 3  # renew every lease_seconds / 3 (10 s of the default 30 s, as Procrastinate)
 FENCE_FRACTION = 0.75  # stop an attempt whose lease went unrenewed this long (of lease_seconds)
 BLOCKED_LOOP_SECONDS = 1.0
 

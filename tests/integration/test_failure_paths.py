@@ -235,7 +235,7 @@ async def test_cancelling_a_running_async_job_stops_it_and_it_is_not_retried(
             raise
 
     job = await queue.enqueue("long", max_retries=3)
-    # without notifications, the lease renewal (every lease/4) carries the request
+    # without notifications, the lease renewal (every lease/3) carries the request
     worker_settings = settings.replace(notifications=notifications, lease_seconds=2)
     async with running(Worker({"long": long}, settings=worker_settings)):
         await wait_until(lambda: _is(store, job.id, JobStatus.PROCESSING))
