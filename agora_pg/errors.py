@@ -49,6 +49,17 @@ class JobNotFound(AgoraError):
         self.job_id = job_id
 
 
+class JobFailed(AgoraError):
+    """``Queue.wait``: the job ended without a result, failed for good (``status``
+    ``"failed"``) or cancelled (``"cancelled"``); ``error_message`` is the job's."""
+
+    def __init__(self, job_id: int, status: str, error_message: str | None) -> None:
+        super().__init__(f"job {job_id} {status}: {error_message or 'no error message'}")
+        self.job_id = job_id
+        self.status = status
+        self.error_message = error_message
+
+
 class InvalidTransition(AgoraError):
     """A job cannot move from its current status to the one asked for."""
 

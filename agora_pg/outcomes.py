@@ -13,10 +13,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import enum
+import json
 import traceback as tracebacks
 from collections.abc import Collection
+from typing import Any
 
 from agora_pg.errors import Fail, Retry
+from agora_pg.job_spec import holds_nul
 
 MAX_ERROR_MESSAGE = 4000  # characters of "Type: text" kept in error_message
 MAX_TRACEBACK = 16000  # characters of a traceback kept in agora.runs.traceback
@@ -53,6 +56,7 @@ class Outcome:
     traceback: str | None = None
     final: bool = False
     retry_after: float | None = None
+    result: str | None = None  # SUCCEEDED: what the handler returned, as JSON text
 
     @property
     def run_status(self) -> str:
@@ -64,6 +68,22 @@ class Outcome:
 
 
 SUCCEEDED = Outcome(OutcomeKind.SUCCEEDED)
+
+
+def succeeded_with(value: Any) -> tuple[Outcome, str | None]:
+    """The outcome of a handler that returned ``value``, which is stored as the attempt's
+    result (JSON). A value JSON cannot hold, or PostgreSQL's jsonb cannot (a NUL
+    character), is not stored: the attempt still succeeded (its work is done), and the
+    problem comes back for the log."""
+    if value is None:
+        return SUCCEEDED, None
+    try:
+        text = json.dumps(value, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as error:
+        return SUCCEEDED, f"the handler's result ({type(value).__name__}) is not stored: {error}"
+    if holds_nul(text):
+        return SUCCEEDED, "the handler's result is not stored: it holds a NUL character"
+    return Outcome(OutcomeKind.SUCCEEDED, result=text), None
 
 _STOPPED = {
     StopReason.TIMEOUT: (OutcomeKind.FAILED, "JobTimeout"),

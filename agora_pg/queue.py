@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 from collections.abc import AsyncIterator, Iterable
@@ -14,7 +15,8 @@ from agora_pg.db.store import Store
 from agora_pg.events.model import Event, EventFilter, parse_cursor
 from agora_pg.events.stream import EventStream
 from agora_pg.job_spec import JobSpec
-from agora_pg.jobs import Job
+from agora_pg.errors import JobFailed
+from agora_pg.jobs import Job, JobStatus
 from agora_pg.settings import Settings, load_settings
 
 
@@ -102,6 +104,31 @@ class Queue:
     async def get(self, job_id: int) -> Job:
         """The job with this id (``JobNotFound`` otherwise)."""
         return await self.store.get_job(job_id)
+
+    async def wait(self, job_id: int, *, timeout: float | None = None) -> Any:
+        """Wait until the job has finished for good and return its result: what the handler
+        of its succeeded attempt returned (JSON-decoded; None when it returned nothing).
+        Raises ``JobFailed`` for a job that failed for good or was cancelled,
+        ``TimeoutError`` after ``timeout`` seconds (the job is left as it is),
+        ``JobNotFound`` for an unknown id.
+
+        >>> job = await queue.enqueue("add", {"a": 1, "b": 2})
+        >>> await queue.wait(job.id, timeout=30)
+        3
+
+        Follows the job's events (a LISTEN connection of its own while waiting)."""
+        async with asyncio.timeout(timeout):
+            job = await self.get(job_id)
+            if not job.is_finished:
+                async for event in self.events(job_id=job_id, since=job.created_at):
+                    if event.type in ("job.finished", "job.cancelled"):
+                        job = await self.get(job_id)
+                        if job.is_finished:
+                            break
+            if job.status is not JobStatus.DONE:
+                raise JobFailed(job.id, job.status.value, job.error_message)
+            runs = await self.store.job_runs(job_id)
+            return next((run.result for run in runs if run.status == "succeeded"), None)
 
     async def events(
         self,

@@ -48,6 +48,7 @@ class RunOut(msgspec.Struct, kw_only=True):
     error_message: str | None
     traceback: str | None = None
     progress: dict[str, Any] | None = None
+    result: Any = None
 
     @classmethod
     def of(cls, run: RunRow) -> RunOut:
@@ -56,11 +57,13 @@ class RunOut(msgspec.Struct, kw_only=True):
             worker_id=run.worker_id, status=RunStatus(run.status), started_at=run.started_at,
             finished_at=run.finished_at, scheduled_for=run.scheduled_for, error_type=run.error_type,
             error_message=run.error_message, traceback=run.traceback, progress=run.progress,
+            result=run.result,
         )
 
 
 class JobOut(msgspec.Struct, kw_only=True):
-    """A job as stored; ``runs`` is filled only by ``GET /jobs/{id}``. ``retry_count``
+    """A job as stored; ``runs`` and ``result`` (what the handler of its succeeded attempt
+    returned) are filled only by ``GET /jobs/{id}``. ``retry_count``
     counts failed attempts, ``lost_count`` attempts lost with their worker or cut short
     at shutdown; ``cancel_requested_at`` is set while a running job is being cancelled."""
 
@@ -86,6 +89,7 @@ class JobOut(msgspec.Struct, kw_only=True):
     timeout_seconds: float | None
     cancel_requested_at: datetime | None
     progress: dict[str, Any] | None = None
+    result: Any = None
     runs: list[RunOut] | None = None
 
     @classmethod
@@ -98,6 +102,7 @@ class JobOut(msgspec.Struct, kw_only=True):
             locked_by=job.locked_by, lease_expires_at=job.lease_expires_at, attempt=job.attempt,
             lost_count=job.lost_count, timeout_seconds=job.timeout_seconds,
             cancel_requested_at=job.cancel_requested_at, progress=job.progress,
+            result=next((run.result for run in runs or () if run.status == "succeeded"), None),
             runs=None if runs is None else [RunOut.of(run) for run in runs],
         )
 

@@ -180,19 +180,20 @@ SELECT id, pg_notify('agora_jobs', queue) FROM released
 # from that index, rescanning the id array per row (quadratic: 75 ms for 500 jobs).
 
 # Mark attempts (id, attempt) done and record their runs (with the attempt's last progress
-# report); returns the ids that were still theirs, and wakes the event streams (one
-# notification per statement: PostgreSQL folds identical ones of a transaction).
+# report and the handler's result, JSON text or NULL); returns the ids that were still
+# theirs, and wakes the event streams (one notification per statement: PostgreSQL folds
+# identical ones of a transaction).
 COMPLETE_SUCCEEDED = """
 WITH finished AS (
     UPDATE agora.jobs AS j
     SET status = 'done', finished_at = now(), locked_by = NULL, lease_expires_at = NULL,
         cancel_requested_at = NULL
-    FROM unnest($1::bigint[], $2::int[]) AS t(id, attempt)
+    FROM unnest($1::bigint[], $2::int[], $4::text[]) AS t(id, attempt, result)
     WHERE j.id = t.id AND j.attempt = t.attempt AND j.locked_by = $3
-    RETURNING j.id, j.attempt, j.started_at, j.progress
+    RETURNING j.id, j.attempt, j.started_at, j.progress, t.result
 ), recorded AS (
-    INSERT INTO agora.runs (job_id, attempt, worker_id, started_at, finished_at, status, progress)
-    SELECT id, attempt, $3, started_at, now(), 'succeeded', progress FROM finished
+    INSERT INTO agora.runs (job_id, attempt, worker_id, started_at, finished_at, status, progress, result)
+    SELECT id, attempt, $3, started_at, now(), 'succeeded', progress, result::jsonb FROM finished
     RETURNING job_id
 )
 SELECT job_id, (SELECT pg_notify('agora_events', '')) AS events_woken FROM recorded
@@ -575,7 +576,7 @@ PING = "SELECT 1"
 
 RUN_COLUMNS = (
     "id, job_id, pipeline_id, attempt, worker_id, started_at, finished_at, status, error_type, "
-    "error_message, scheduled_for, traceback, progress::text AS progress"
+    "error_message, scheduled_for, traceback, progress::text AS progress, result::text AS result"
 )
 
 # Filters a job listing may combine: each compares one column with one parameter.

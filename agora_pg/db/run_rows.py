@@ -26,12 +26,15 @@ class RunRow:
     scheduled_for: datetime | None
     traceback: str | None = None
     progress: dict[str, Any] | None = None
+    result: Any = None  # a succeeded attempt's result (what its handler returned), decoded
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> RunRow:
         fields = {field.name: row[field.name] for field in dataclasses.fields(cls)}
         if fields["progress"] is not None:
             fields["progress"] = json.loads(fields["progress"])
+        if fields["result"] is not None:
+            fields["result"] = json.loads(fields["result"])
         return cls(**fields)
 
 

@@ -276,12 +276,17 @@ class Store:
         jobs.sort(key=lambda job: (-job.priority, job.run_at, job.id))
         return jobs
 
-    async def complete_succeeded(self, attempts: Sequence[tuple[int, int]], worker_id: str) -> set[int]:
-        """Mark ``(job_id, attempt)`` pairs done; returns the ids that were still held.
-        Rows are locked in id order, as by every outcome statement, so they cannot deadlock."""
+    async def complete_succeeded(
+        self, attempts: Sequence[tuple[int, int]], worker_id: str, results: Mapping[int, str] | None = None
+    ) -> set[int]:
+        """Mark ``(job_id, attempt)`` pairs done, recording ``results[job_id]`` (JSON text)
+        where given; returns the ids that were still held. Rows are locked in id order, as
+        by every outcome statement, so they cannot deadlock."""
         attempts = sorted(attempts)
+        results = results or {}
         rows = await self._fetch(
-            queries.COMPLETE_SUCCEEDED, [a[0] for a in attempts], [a[1] for a in attempts], worker_id
+            queries.COMPLETE_SUCCEEDED, [a[0] for a in attempts], [a[1] for a in attempts], worker_id,
+            [results.get(a[0]) for a in attempts],
         )
         return {row["job_id"] for row in rows}
 

@@ -104,6 +104,7 @@ runs = Table(
     Column("scheduled_for", DateTime(timezone=True), nullable=True, comment="The schedule tick a pipeline run belongs to; unique per pipeline."),
     Column("traceback", Text, nullable=True, comment="Traceback of a failed attempt (capped in size)."),
     Column("progress", JSONB, nullable=True, comment="Latest progress of the attempt: a job's last report, a pipeline run's records read, written and rejected."),
+    Column("result", JSONB, nullable=True, comment="What the handler of a succeeded attempt returned, as JSON (NULL: it returned None, or a value JSON cannot hold). Kept as long as the run row: history retention removes it with its job."),
     CheckConstraint("status IN ('running', 'succeeded', 'failed', 'abandoned', 'cancelled')", name="runs_status_check"),
     comment="One row per execution attempt: job attempts and scheduled-pipeline runs.",
 )

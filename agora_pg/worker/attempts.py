@@ -13,7 +13,7 @@ import threading
 from typing import Any
 
 from agora_pg.jobs import Job
-from agora_pg.outcomes import SUCCEEDED, Outcome, StopReason, outcome_of
+from agora_pg.outcomes import SUCCEEDED, Outcome, StopReason, outcome_of, succeeded_with
 from agora_pg.runtime.leases import LeaseToken
 from agora_pg.worker.context import ProgressReporter, current_attempt
 from agora_pg.worker.handlers import Handler, KindOptions, UnknownJobKind, handler_name
@@ -83,16 +83,21 @@ async def run_attempt(attempt: Attempt, resources: Any) -> Outcome | None:
     current_attempt.set(attempt)  # (the attempt's own task: nothing to reset)
     try:
         if attempt.is_async:  # (the common case first, and without a frame of its own)
-            await attempt.handler(attempt.job, resources)  # type: ignore[misc]
+            result = await attempt.handler(attempt.job, resources)  # type: ignore[misc]
         else:
-            await _call_handler(attempt, resources)
+            result = await _call_handler(attempt, resources)
         error: BaseException | None = None
     except BaseException as raised:  # every way out is an outcome, CancelledError included
         if isinstance(raised, KeyboardInterrupt | SystemExit):
             raise
         error = raised
     if error is None and attempt.stop_reason is None:
-        return SUCCEEDED
+        if result is None:
+            return SUCCEEDED
+        outcome, problem = succeeded_with(result)
+        if problem is not None:
+            log.warning("%s: %s", attempt.description, problem)
+        return outcome
     if attempt.in_thread:
         return None
     return outcome_of(
@@ -100,13 +105,15 @@ async def run_attempt(attempt: Attempt, resources: Any) -> Outcome | None:
     )
 
 
-async def _call_handler(attempt: Attempt, resources: Any) -> None:
-    """A sync handler in a thread of its own (or the error of a kind with no handler)."""
+async def _call_handler(attempt: Attempt, resources: Any) -> Any:
+    """A sync handler in a thread of its own (or the error of a kind with no handler);
+    returns what the handler returned."""
     if attempt.handler is None:
         raise UnknownJobKind(attempt.job.kind, list(attempt.known_kinds))
     result = await _in_thread(attempt, resources)
     if inspect.isawaitable(result):  # a sync function that returned a coroutine
-        await result
+        return await result
+    return result
 
 
 async def _in_thread(attempt: Attempt, resources: Any) -> Any:

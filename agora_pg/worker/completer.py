@@ -120,16 +120,19 @@ class Completer:
 
     async def _write(self, entries: list[Attempt]) -> set[int]:
         successes: list[tuple[int, int]] = []
+        results: dict[int, str] = {}
         others: list[JobFinish] = []
         for attempt in entries:
             assert attempt.outcome is not None
             if attempt.outcome.kind is OutcomeKind.SUCCEEDED:
                 successes.append((attempt.job.id, attempt.job.attempt))
+                if attempt.outcome.result is not None:
+                    results[attempt.job.id] = attempt.outcome.result
             else:
                 others.append(self._finish_row(attempt, attempt.outcome))
         written: set[int] = set()
         if successes:
-            written |= await self._store.complete_succeeded(successes, self._worker_id)
+            written |= await self._store.complete_succeeded(successes, self._worker_id, results)
         if others:
             written |= await self._store.finish_jobs(
                 others, self._worker_id, self._max_lost_attempts, self._default_max_retries

@@ -134,8 +134,8 @@ async def test_completion_probes_the_primary_key_even_with_idle_statistics(queue
         )
         await connection.execute("ANALYZE agora.jobs")  # statistics say: nothing is processing
         await connection.execute("SET plan_cache_mode = force_generic_plan")
-        await connection.execute(f"PREPARE done(bigint[], int[], text) AS {queries.COMPLETE_SUCCEEDED}")
-        plan = "\n".join(r[0] for r in await connection.fetch("EXPLAIN EXECUTE done('{1,2}', '{1,1}', 'w')"))
+        await connection.execute(f"PREPARE done(bigint[], int[], text, text[]) AS {queries.COMPLETE_SUCCEEDED}")
+        plan = "\n".join(r[0] for r in await connection.fetch("EXPLAIN EXECUTE done('{1,2}', '{1,1}', 'w', '{NULL,NULL}')"))
         await connection.execute("RESET plan_cache_mode")
     assert "Index Scan using jobs_pkey" in plan, plan
     assert "jobs_lease_idx" not in plan, plan

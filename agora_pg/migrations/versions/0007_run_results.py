@@ -1,0 +1,30 @@
+"""A job attempt's result: the JSON its handler returned, on the attempt's run row.
+
+Revision ID: 0007
+Revises: 0006
+Create Date: 2026-12-01
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+from sqlalchemy.dialects.postgresql import JSONB
+
+revision = "0007"
+down_revision = "0006"
+branch_labels = None
+depends_on = None
+
+RESULT_COMMENT = (
+    "What the handler of a succeeded attempt returned, as JSON (NULL: it returned None, or a value "
+    "JSON cannot hold). Kept as long as the run row: history retention removes it with its job."
+)
+
+
+def upgrade() -> None:
+    op.add_column("runs", sa.Column("result", JSONB, nullable=True, comment=RESULT_COMMENT), schema="agora")
+
+
+def downgrade() -> None:
+    op.drop_column("runs", "result", schema="agora")
