@@ -10,7 +10,7 @@ import os
 import sys
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from agora_pg.commands import operator, serve
 from agora_pg.commands import pipelines as pipeline_commands
@@ -47,22 +47,34 @@ def build_parser() -> argparse.ArgumentParser:
                         help="DEBUG, INFO, WARNING or ERROR [AGORA_PG_LOG_LEVEL, else INFO]")
     common.add_argument("--log-format", default=argparse.SUPPRESS, choices=FORMATS,
                         help="text, or json: one JSON object per line [AGORA_PG_LOG_FORMAT, else text]")
-    parser = argparse.ArgumentParser(prog="agora-pg", description="Durable Postgres job queue.", parents=[common])
-    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
-    commands = parser.add_subparsers(dest="command", required=True)
-
-    commands.add_parser("migrate", parents=[common], help="apply the database migrations (idempotent)")
-    prune = commands.add_parser(
-        "prune", parents=[common], help="delete finished history older than an age, in small batches",
-        epilog="example: agora-pg prune --older-than 30d --keep-failed 90d",
+    parser = argparse.ArgumentParser(
+        prog="agora-pg", description="Durable Postgres job queue.", parents=[common],
+        epilog="example:\n  agora-pg migrate && agora-pg worker --module worker --concurrency 50\n\n"
+               "agora-pg COMMAND --help shows a command's options and an example.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(group: Any, name: str, summary: str, example: str) -> argparse.ArgumentParser:
+        """A (sub)command whose --help ends with an example."""
+        return cast(argparse.ArgumentParser, group.add_parser(
+            name, parents=[common], help=summary, description=summary[:1].upper() + summary[1:] + ".",
+            epilog=f"example:\n  {example}", formatter_class=argparse.RawDescriptionHelpFormatter,
+        ))
+
+    command(commands, "migrate", "apply the database migrations (idempotent)",
+            "AGORA_PG_DATABASE_URL=postgresql://app@db/app agora-pg migrate")
+    prune = command(commands, "prune", "delete finished history older than an age, in small batches",
+                    "agora-pg prune --older-than 30d --keep-failed 90d")
     prune.add_argument("--older-than", required=True,
                        help="delete done and cancelled jobs (with their runs), pipeline runs and replayed dead "
                             "letters that ended longer ago than this (30d, 12h, 2w)")
     prune.add_argument("--keep-failed", help="keep jobs that failed for good this long instead [--older-than]")
     prune.add_argument("--batch-size", type=int, default=1000, help="rows per delete (each its own transaction) [1000]")
 
-    worker = commands.add_parser("worker", parents=[common], help="run a worker module's get_worker()")
+    worker = command(commands, "worker", "run a worker module's get_worker()",
+                     "agora-pg worker --module myproject.worker --queues default,mail --concurrency 50")
     worker.add_argument("--module", default=None, help="dotted module path [worker]")
     worker.add_argument("--config", help="an agora/v1 TOML file: a worker built from config alone")
     worker.add_argument("--queues", help="comma-separated queues (overrides WORKER_QUEUES)")
@@ -70,69 +82,80 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--health-port", type=int, help="serve /health, /ready and /metrics on this port (0: any free port)")
     worker.add_argument("--health-host", help="the health server's address (overrides WORKER_HEALTH_HOST) [127.0.0.1]")
 
-    api = commands.add_parser("api", parents=[common], help="serve the REST API with uvicorn")
+    api = command(commands, "api", "serve the REST API with uvicorn",
+                  "AGORA_PG_API_TOKEN=s3cret agora-pg api --host 0.0.0.0 --port 8000")
     api.add_argument("--host", default="127.0.0.1", help="address to bind [127.0.0.1]")
     api.add_argument("--port", type=int, default=8000, help="port [8000]")
     api.add_argument("--insecure", action="store_true", help="allow a non-loopback address without AGORA_PG_API_TOKEN")
 
-    dev = commands.add_parser("dev", parents=[common], help="embedded Postgres, migrations, the API and a worker, until Ctrl+C")
+    dev = command(commands, "dev", "embedded Postgres, migrations, the API and a worker, until Ctrl+C",
+                  "agora-pg dev --module worker --port 8000")
     dev.add_argument("--host", default="127.0.0.1", help="API address [127.0.0.1]")
     dev.add_argument("--port", type=int, default=8000, help="API port [8000]")
     dev.add_argument("--module", default="worker", help="the worker module [worker]")
     dev.add_argument("--health-port", type=int, help="the worker's health port (overrides the module's)")
 
-    jobs = commands.add_parser("jobs", parents=[common], help="submit, list, show, retry or cancel jobs").add_subparsers(
-        dest="action", required=True
-    )
-    submit = jobs.add_parser("submit", parents=[common], help="enqueue one job")
-    submit.add_argument("kind")
+    jobs = command(commands, "jobs", "submit, list, show, retry or cancel jobs", "agora-pg jobs list --status failed"
+                   ).add_subparsers(dest="action", required=True, metavar="ACTION")
+    submit = command(jobs, "submit", "enqueue one job",
+                     """agora-pg jobs submit send_email --payload '{"to": "a@b.c"}' --queue mail --dedup-key welcome:42""")
+    submit.add_argument("kind", help="the job's kind: which handler runs it")
     submit.add_argument("--payload", default="{}", help="a JSON object [{}]")
-    submit.add_argument("--queue", default="default")
-    submit.add_argument("--priority", type=int, default=0)
-    submit.add_argument("--run-at", help="ISO 8601 time with offset, e.g. 2026-01-01T09:00:00+00:00")
-    submit.add_argument("--max-retries", type=int)
-    submit.add_argument("--dedup-key")
-    submit.add_argument("--name")
+    submit.add_argument("--queue", default="default", help="the queue [default]")
+    submit.add_argument("--priority", type=int, default=0, help="higher runs first [0]")
+    submit.add_argument("--run-at", help="ISO 8601 time with offset, e.g. 2026-01-01T09:00:00+00:00 [now]")
+    submit.add_argument("--max-retries", type=int, help="failed attempts retried [WORKER_MAX_RETRIES, else 3]")
+    submit.add_argument("--dedup-key", help="while a job with this key is pending, running or waiting for a "
+                                            "retry, return it instead of adding one")
+    submit.add_argument("--name", help="a label [the kind]")
     submit.add_argument("--timeout", type=float, help="seconds an attempt may run [the kind's, else WORKER_JOB_TIMEOUT]")
-    listing = jobs.add_parser("list", parents=[common], help="jobs newest first")
-    listing.add_argument("--status")
-    listing.add_argument("--kind")
-    listing.add_argument("--queue")
-    listing.add_argument("--limit", type=int, default=20)
+    listing = command(jobs, "list", "jobs newest first", "agora-pg jobs list --status failed --kind send_email --limit 50")
+    listing.add_argument("--status", help="pending, processing, done, failed or cancelled")
+    listing.add_argument("--kind", help="only jobs of this kind")
+    listing.add_argument("--queue", help="only jobs of this queue")
+    listing.add_argument("--limit", type=int, default=20, help="jobs shown [20]")
     for action in ("show", "retry", "cancel"):
-        jobs.add_parser(action, parents=[common], help=f"{action} one job").add_argument("job_id", type=int)
+        command(jobs, action, f"{action} one job", f"agora-pg jobs {action} 42").add_argument(
+            "job_id", type=int, help="the job's id")
 
-    schedules = commands.add_parser(
-        "schedules", parents=[common], help="list, show, pause, resume or trigger pipeline schedules"
-    ).add_subparsers(dest="action", required=True)
-    schedules.add_parser("list", parents=[common], help="every schedule, by pipeline id")
+    schedules = command(commands, "schedules", "list, show, pause, resume or trigger pipeline schedules",
+                        "agora-pg schedules pause nightly-report").add_subparsers(
+        dest="action", required=True, metavar="ACTION")
+    command(schedules, "list", "every schedule, by pipeline id", "agora-pg schedules list")
     for action, what in (("show", "one schedule"), ("pause", "no new run until resumed"),
                          ("resume", "a paused schedule, or one stopped after errors (due now)"),
                          ("trigger", "run an active, idle schedule now, once")):
-        schedules.add_parser(action, parents=[common], help=what).add_argument("pipeline_id")
+        command(schedules, action, what, f"agora-pg schedules {action} nightly-report").add_argument(
+            "pipeline_id", help="the scheduled pipeline's id")
 
-    run = commands.add_parser("run", parents=[common], help="run the pipelines of an agora/v1 config once, then exit")
-    run.add_argument("--config", required=True)
+    run = command(commands, "run", "run the pipelines of an agora/v1 config once, then exit",
+                  "agora-pg run --config pipelines.toml --pipeline orders-csv")
+    run.add_argument("--config", required=True, help="the agora/v1 TOML file")
     run.add_argument("--pipeline", help="only this pipeline (its name or id)")
 
-    dlq = commands.add_parser("dlq", parents=[common], help="dead letters of pipelines").add_subparsers(dest="action", required=True)
-    dlq_list = dlq.add_parser("list", parents=[common], help="dead letters newest first (waiting for replay unless --all)")
+    dlq = command(commands, "dlq", "dead letters of pipelines", "agora-pg dlq list --pipeline orders-csv"
+                  ).add_subparsers(dest="action", required=True, metavar="ACTION")
+    dlq_list = command(dlq, "list", "dead letters newest first (waiting for replay unless --all)",
+                       "agora-pg dlq list --pipeline orders-csv --all")
     dlq_list.add_argument("--pipeline", help="a pipeline id")
     dlq_list.add_argument("--all", action="store_true", help="include replayed ones")
-    dlq_list.add_argument("--limit", type=int, default=20)
-    replay = dlq.add_parser("replay", parents=[common], help="send waiting dead letters through the pipeline again")
-    replay.add_argument("--config", required=True)
-    replay.add_argument("--pipeline", required=True)
-    replay.add_argument("--limit", type=int, default=1000)
+    dlq_list.add_argument("--limit", type=int, default=20, help="dead letters shown [20]")
+    replay = command(dlq, "replay", "send waiting dead letters through the pipeline again",
+                     "agora-pg dlq replay --config pipelines.toml --pipeline orders-csv")
+    replay.add_argument("--config", required=True, help="the agora/v1 TOML file that defines the pipeline")
+    replay.add_argument("--pipeline", required=True, help="the pipeline (its name or id)")
+    replay.add_argument("--limit", type=int, default=1000, help="dead letters replayed at most [1000]")
 
-    runs = commands.add_parser("runs", parents=[common], help="run history").add_subparsers(dest="action", required=True)
-    run_list = runs.add_parser("list", parents=[common], help="runs newest first")
-    run_list.add_argument("--pipeline-id")
-    run_list.add_argument("--job-id", type=int)
-    run_list.add_argument("--status")
+    runs = command(commands, "runs", "run history", "agora-pg runs list --status failed --traceback"
+                   ).add_subparsers(dest="action", required=True, metavar="ACTION")
+    run_list = command(runs, "list", "runs newest first",
+                       "agora-pg runs list --pipeline-id nightly-report --since 2026-01-01T00:00:00+00:00")
+    run_list.add_argument("--pipeline-id", help="only runs of this scheduled pipeline")
+    run_list.add_argument("--job-id", type=int, help="only the attempts of this job")
+    run_list.add_argument("--status", help="running, succeeded, failed, abandoned or cancelled")
     run_list.add_argument("--since", help="runs started at or after this ISO 8601 time")
     run_list.add_argument("--until", help="runs started before this ISO 8601 time")
-    run_list.add_argument("--limit", type=int, default=20)
+    run_list.add_argument("--limit", type=int, default=20, help="runs shown [20]")
     run_list.add_argument("--traceback", action="store_true", help="print each failed run's traceback below the table")
     return parser
 
