@@ -66,6 +66,29 @@ SELECT {JOB_COLUMNS} FROM agora.jobs
 WHERE dedup_key = ANY($1::text[]) AND {ALIVE}
 """
 
+# -- testing (agora_pg.testing) ------------------------------------------------
+
+# Work a worker of queues $1 has now: jobs running, or claimable and due ($2: the default
+# max_retries of jobs that leave it unset).
+COUNT_WORK_DUE_NOW = """
+SELECT count(*) FROM agora.jobs
+WHERE queue = ANY($1::text[])
+  AND (status = 'processing'
+       OR ((status = 'pending' OR (status = 'failed' AND retry_count < COALESCE(max_retries, $2)))
+           AND run_at <= now()))
+"""
+
+# Jobs with an attempt that ended at or after $1, and the result of each one's succeeded
+# attempt (JSON text), by job id.
+JOBS_FINISHED_SINCE = f"""
+SELECT {JOB_COLUMNS},
+       (SELECT r.result::text FROM agora.runs AS r WHERE r.job_id = j.id AND r.status = 'succeeded'
+        ORDER BY r.attempt DESC LIMIT 1) AS result
+FROM agora.jobs AS j
+WHERE j.id IN (SELECT job_id FROM agora.runs WHERE job_id IS NOT NULL AND finished_at >= $1)
+ORDER BY j.id
+"""
+
 # -- reading and cancelling ----------------------------------------------------
 
 # One job by id.

@@ -13,6 +13,7 @@ and anything else, which the caller records as the failure it is.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import time
 from datetime import datetime
@@ -218,6 +219,21 @@ class Store:
         async with self.connection() as connection:
             sent_at = time.monotonic()
             return cast(datetime, await connection.fetchval(queries.STATEMENT_NOW)), sent_at
+
+    async def count_work_due_now(self, queues: Sequence[str], default_max_retries: int) -> int:
+        """Jobs of ``queues`` running, or claimable and due now."""
+        async with self.connection() as connection:
+            return cast(int, await connection.fetchval(queries.COUNT_WORK_DUE_NOW, list(queues), default_max_retries))
+
+    async def jobs_finished_since(self, since: datetime) -> list[tuple[Job, Any]]:
+        """Jobs with an attempt that ended at or after ``since`` (by the database's clock),
+        each with its result (None unless an attempt succeeded and returned one)."""
+        finished = []
+        for row in await self._fetch(queries.JOBS_FINISHED_SINCE, since):
+            fields = dict(row.items())
+            result = fields.pop("result")
+            finished.append((row_to_job(fields), None if result is None else json.loads(result)))
+        return finished
 
     async def get_job(self, job_id: int) -> Job:
         _require_possible(job_id)

@@ -101,6 +101,14 @@ class Worker:
             self._overrides["concurrency"] = concurrency
         return self
 
+    def clone(self) -> Worker:
+        """A new worker with this one's handlers, kind options, resources, lifespan, settings
+        and overrides, and an id and stop signals of its own (a stopped worker stays stopped)."""
+        twin = Worker(self.handlers, resources=self.resources, lifespan=self.lifespan, settings=self.settings)
+        twin.kind_options = dict(self.kind_options)
+        twin._overrides = dict(self._overrides)
+        return twin
+
     def stop(self) -> None:
         """Stop claiming; running jobs get ``shutdown_timeout`` seconds to finish."""
         self._stopping.set()
