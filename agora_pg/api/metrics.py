@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
+from prometheus_client.registry import Collector
 
 from agora_pg.db.run_rows import MetricsSnapshot
 
@@ -20,10 +21,13 @@ def labelled_queues(live_jobs: list[tuple[str, str, int]], limit: int = MAX_QUEU
     return set(sorted(totals, key=lambda queue: (-totals[queue], queue))[:limit])
 
 
-def render_metrics(snapshot: MetricsSnapshot) -> bytes:
+def render_metrics(snapshot: MetricsSnapshot, process: Collector | None = None) -> bytes:
     """Gauges read from the database at scrape time (a registry per scrape: the values
-    are the database's, not this process's, so nothing accumulates here)."""
+    are the database's, not this process's, so nothing accumulates here), and the
+    counters and histograms of ``process`` (a worker's ``PROCESS_METRICS``) when given."""
     registry = CollectorRegistry(auto_describe=True)
+    if process is not None:
+        registry.register(process)
     jobs = Gauge(
         "agora_jobs", "Jobs with work ahead of them (the agora.queue_now view): pending, processing, "
         "or retrying (failed, with a retry left).",

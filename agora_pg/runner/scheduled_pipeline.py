@@ -32,6 +32,7 @@ from agora_pg.runner.run_batches import RunBatches
 from agora_pg.runtime.database_calls import StopSignal, retry_database
 from agora_pg.runtime.leases import LeaseSupervisor, LeaseToken, supervising
 from agora_pg.runtime.process import ErrorWait, check_schema, new_worker_id, warn_unknown_settings
+from agora_pg.runtime.process_metrics import PROCESS_METRICS
 from agora_pg.schedules import NextRun, Schedule, error_backoff
 from agora_pg.settings import Settings, load_settings
 
@@ -368,6 +369,8 @@ class _PipelineRunner:
         Raises the run's error when it stops the schedule."""
         pipeline = self.pipeline
         pipeline._row = claimed.schedule
+        PROCESS_METRICS.schedule_started(pipeline.pipeline_id,
+                                         (claimed.database_now - claimed.scheduled_for).total_seconds())
         pipeline._running = True
         token = LeaseToken("run", pipeline.pipeline_id, claimed.run_id)
         # The run's checkpoints and dead letters go through this store; a stop request

@@ -241,10 +241,11 @@ class WorkerPool:
 
     async def _metrics(self) -> tuple[bytes, str]:
         from agora_pg.api.metrics import CONTENT_TYPE, render_metrics
+        from agora_pg.runtime.process_metrics import PROCESS_METRICS
 
         if self._store is None:
             raise DatabaseUnavailable("the pool is not running")
-        return render_metrics(await self._store.metrics()), CONTENT_TYPE
+        return render_metrics(await self._store.metrics(), PROCESS_METRICS), CONTENT_TYPE
 
     def _pipeline_report(self) -> dict[str, Any]:
         return {p.pipeline_id: p.status.as_json(error_details=self._error_details) for p in self.pipelines}

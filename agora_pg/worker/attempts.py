@@ -45,6 +45,8 @@ class Attempt:
     stopped_for: tuple[StopReason, ...] = ()
     outcome: Outcome | None = None  # how it ended, once it has
     reporter: ProgressReporter | None = None  # where ``job_context().progress()`` goes
+    claimed_at: float = 0.0  # time.monotonic() of the claim, and of the outcome (for /metrics)
+    ended_at: float = 0.0
 
     @property
     def token(self) -> LeaseToken:

@@ -22,6 +22,7 @@ from agora_pg.errors import DatabaseUnavailable
 from agora_pg.outcomes import MAX_ERROR_MESSAGE, Outcome, OutcomeKind, storable_text
 from agora_pg.retry import BackoffPolicy, decide
 from agora_pg.runtime.leases import LeaseSupervisor
+from agora_pg.runtime.process_metrics import PROCESS_METRICS, UNREGISTERED_KIND
 from agora_pg.settings import Settings
 from agora_pg.worker.attempts import Attempt
 
@@ -112,6 +113,7 @@ class Completer:
     def _settle(self, entries: list[Attempt], written: set[int]) -> FlushResult:
         if self._supervisor is not None:
             self._supervisor.release(entries)
+        _count_recorded(entries, written)
         superseded = [attempt for attempt in entries if attempt.job.id not in written]
         for attempt in superseded:
             log.warning("%s: the attempt was taken over by another worker; its outcome is not recorded",
@@ -174,3 +176,16 @@ class Completer:
             job_id=job.id, attempt=job.attempt, kind=outcome.kind.value, error_type=outcome.error_type,
             error_message=outcome.error_message, traceback=outcome.traceback, delay_seconds=delay, final=final,
         )
+
+
+def _count_recorded(entries: list[Attempt], written: set[int]) -> None:
+    """Count the outcomes written for ``/metrics`` (``PROCESS_METRICS``)."""
+    record = PROCESS_METRICS.job_recorded
+    for attempt in entries:
+        job, outcome = attempt.job, attempt.outcome
+        if job.id not in written or outcome is None:
+            continue
+        started, due = job.started_at, job.run_at
+        wait = (started - due).total_seconds() if started is not None and due is not None else None
+        record(job.queue, job.kind if attempt.handler is not None else UNREGISTERED_KIND, outcome.kind.value,
+               attempt.ended_at - attempt.claimed_at, wait)

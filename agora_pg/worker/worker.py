@@ -297,7 +297,7 @@ class _WorkerRun:
             attempt = Attempt(
                 job, worker.handlers.get(job.kind), job.kind in worker.async_kinds, options, timeout,
                 deadline=None if timeout is None else claimed_at + timeout, known_kinds=self.known_kinds,
-                reporter=self.progress,
+                reporter=self.progress, claimed_at=claimed_at,
             )
             attempt.task = asyncio.create_task(self._run(attempt), name=f"job-{job.id}")
             self.running.add(attempt)
@@ -315,6 +315,7 @@ class _WorkerRun:
                 if outcome.traceback is not None:
                     log.warning("%s failed: %s\n%s", attempt.description, outcome.error_message, outcome.traceback)
                 attempt.outcome = outcome
+                attempt.ended_at = time.monotonic()
                 self.completer.add(attempt)
             return outcome
         finally:
