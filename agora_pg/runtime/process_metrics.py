@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 
@@ -58,18 +58,24 @@ class ProcessMetrics:
     def job_recorded(self, queue: str, kind: str, outcome: str, duration: float, wait: float | None) -> None:
         """An attempt's outcome was written: ``duration`` from claim to outcome (this host's
         clock), ``wait`` from the job's due time to its start (the database's clock)."""
-        key = (queue, kind, outcome)
-        self.completed[key] = self.completed.get(key, 0) + 1
-        by_kind = (queue, kind)
-        durations = self.durations.get(by_kind)
-        if durations is None:
-            durations = self.durations[by_kind] = Buckets(DURATION_BUCKETS)
-        durations.observe(max(duration, 0.0))
-        if wait is not None:
-            waits = self.waits.get(by_kind)
-            if waits is None:
-                waits = self.waits[by_kind] = Buckets(WAIT_BUCKETS)
-            waits.observe(max(wait, 0.0))
+        self.jobs_recorded([(queue, kind, outcome, duration, wait)])
+
+    def jobs_recorded(self, outcomes: Iterable[tuple[str, str, str, float, float | None]]) -> None:
+        """Many ``job_recorded`` calls in one (a batch of outcomes: half the time per job)."""
+        completed, durations, waits = self.completed, self.durations, self.waits
+        for queue, kind, outcome, duration, wait in outcomes:
+            key = (queue, kind, outcome)
+            completed[key] = completed.get(key, 0) + 1
+            by_kind = key[:2]
+            histogram = durations.get(by_kind)
+            if histogram is None:
+                histogram = durations[by_kind] = Buckets(DURATION_BUCKETS)
+            histogram.observe(duration if duration > 0.0 else 0.0)
+            if wait is not None:
+                histogram = waits.get(by_kind)
+                if histogram is None:
+                    histogram = waits[by_kind] = Buckets(WAIT_BUCKETS)
+                histogram.observe(wait if wait > 0.0 else 0.0)
 
     def schedule_started(self, pipeline_id: str, lag: float) -> None:
         """A scheduled run started ``lag`` seconds after its tick (the database's clock)."""

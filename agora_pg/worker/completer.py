@@ -180,12 +180,10 @@ class Completer:
 
 def _count_recorded(entries: list[Attempt], written: set[int]) -> None:
     """Count the outcomes written for ``/metrics`` (``PROCESS_METRICS``)."""
-    record = PROCESS_METRICS.job_recorded
-    for attempt in entries:
-        job, outcome = attempt.job, attempt.outcome
-        if job.id not in written or outcome is None:
-            continue
-        started, due = job.started_at, job.run_at
-        wait = (started - due).total_seconds() if started is not None and due is not None else None
-        record(job.queue, job.kind if attempt.handler is not None else UNREGISTERED_KIND, outcome.kind.value,
-               attempt.ended_at - attempt.claimed_at, wait)
+    PROCESS_METRICS.jobs_recorded(
+        (job.queue, job.kind if attempt.handler is not None else UNREGISTERED_KIND, outcome.kind.value,
+         attempt.ended_at - attempt.claimed_at,
+         (job.started_at - job.run_at).total_seconds() if job.started_at is not None else None)
+        for attempt in entries
+        if (job := attempt.job).id in written and (outcome := attempt.outcome) is not None
+    )
