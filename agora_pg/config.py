@@ -55,10 +55,28 @@ class PipelineConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class PeriodicJobConfig:
+    """A ``[periodic_jobs.NAME]`` table: the job a ``PeriodicJob`` enqueues on each tick."""
+
+    name: str
+    id: str
+    kind: str
+    payload: dict[str, Any]
+    queue: str
+    priority: int
+    max_retries: int | None
+    timeout_seconds: float | None
+    schedule: Schedule
+    error_backoff_seconds: float
+    max_consecutive_errors: int
+
+
+@dataclasses.dataclass(frozen=True)
 class WorkerConfig:
     health_port: int | None
     graceful_shutdown_timeout: float
     pipelines: dict[str, PipelineConfig]
+    periodic_jobs: dict[str, PeriodicJobConfig] = dataclasses.field(default_factory=dict)
 
 
 def load_config(text: str, env: Mapping[str, str]) -> WorkerConfig:
@@ -78,16 +96,49 @@ def load_config(text: str, env: Mapping[str, str]) -> WorkerConfig:
     shutdown = worker.number("graceful_shutdown_timeout", 30.0, minimum=0.0)
     worker.done()
     pipelines_table = root.table("pipelines")
-    if not pipelines_table.data:
-        raise ConfigError("pipelines", "expected at least one [pipelines.NAME] table")
+    periodic_table = root.table("periodic_jobs")
+    if not pipelines_table.data and not periodic_table.data:
+        raise ConfigError("pipelines", "expected at least one [pipelines.NAME] or [periodic_jobs.NAME] table")
     pipelines = {name: _pipeline(pipelines_table.table(name), name) for name in list(pipelines_table.data)}
     pipelines_table.done()
-    ids = [pipeline.id for pipeline in pipelines.values()]
-    for name, pipeline in pipelines.items():
-        if ids.count(pipeline.id) > 1:
-            raise ConfigError(f"pipelines.{name}.id", f"{_show(pipeline.id)} is the id of another pipeline too")
+    periodic_jobs = {name: _periodic_job(periodic_table.table(name), name) for name in list(periodic_table.data)}
+    periodic_table.done()
+    ids = [(f"pipelines.{name}", item.id) for name, item in pipelines.items()]
+    ids += [(f"periodic_jobs.{name}", item.id) for name, item in periodic_jobs.items()]
+    for path, schedule_id in ids:
+        if [other for other in ids if other[1] == schedule_id][1:]:
+            raise ConfigError(f"{path}.id", f"{_show(schedule_id)} is the id of another schedule too")
     root.done()
-    return WorkerConfig(health_port, shutdown, pipelines)
+    return WorkerConfig(health_port, shutdown, pipelines, periodic_jobs)
+
+
+def _periodic_job(table: _Table, name: str) -> PeriodicJobConfig:
+    kind = table.required("kind", str)
+    if not kind.strip():
+        raise ConfigError(table.key("kind"), "expected a job kind, got an empty string")
+    max_retries = table.optional("max_retries", int)
+    if max_retries is not None and max_retries < 0:
+        raise ConfigError(table.key("max_retries"), f"expected a whole number >= 0, got {max_retries}")
+    timeout = table.positive("timeout_seconds") if "timeout_seconds" in table.data else None
+    table._known.append("timeout_seconds")
+    schedule = _schedule(table.table("schedule", required=True))
+    if schedule.kind.value == "continuous":
+        raise ConfigError(table.key("schedule.mode"), 'a periodic job needs "every", "cron" or "once"')
+    config = PeriodicJobConfig(
+        name=name,
+        id=table.optional("id", str) or f"periodic:{name}",
+        kind=kind,
+        payload=table.optional("payload", dict) or {},
+        queue=table.optional("queue", str) or "default",
+        priority=table.integer("priority", 0, minimum=-(2**31)),
+        max_retries=max_retries,
+        timeout_seconds=timeout,
+        schedule=schedule,
+        error_backoff_seconds=table.number("error_backoff_seconds", 60.0, minimum=0.0),
+        max_consecutive_errors=table.integer("max_consecutive_errors", 10, minimum=1),
+    )
+    table.done()
+    return config
 
 
 def _pipeline(table: _Table, name: str) -> PipelineConfig:

@@ -122,7 +122,8 @@ class RunPage(msgspec.Struct):
 
 
 class ScheduleOut(msgspec.Struct, kw_only=True):
-    """A scheduled pipeline's durable state."""
+    """A scheduled pipeline's durable state; ``job_kind`` is set for a periodic job (the
+    kind each tick enqueues)."""
 
     pipeline_id: str
     schedule_kind: str
@@ -139,6 +140,7 @@ class ScheduleOut(msgspec.Struct, kw_only=True):
     lease_expires_at: datetime | None
     error_backoff_seconds: float
     max_consecutive_errors: int
+    job_kind: str | None = None
 
     @classmethod
     def of(cls, row: ScheduleRow) -> ScheduleOut:
@@ -149,6 +151,7 @@ class ScheduleOut(msgspec.Struct, kw_only=True):
             last_started_at=row.last_started_at, last_finished_at=row.last_finished_at,
             lease_owner=row.lease_owner, lease_expires_at=row.lease_expires_at,
             error_backoff_seconds=row.error_backoff_seconds, max_consecutive_errors=row.max_consecutive_errors,
+            job_kind=row.job_kind,
         )
 
 

@@ -22,7 +22,8 @@ from agora_pg.retention import Retention, parse_age
 from agora_pg.settings import Settings, load_settings
 
 JOB_HEADERS = ("id", "kind", "queue", "status", "retries", "run_at", "finished_at", "error")
-SCHEDULE_HEADERS = ("pipeline_id", "schedule", "state", "next_run_at", "errors", "last_status", "last_error")
+SCHEDULE_HEADERS = ("pipeline_id", "schedule", "enqueues", "state", "next_run_at", "errors", "last_status",
+                    "last_error")
 RUN_HEADERS = ("id", "job_id", "pipeline_id", "attempt", "status", "started_at", "finished_at", "worker", "error")
 
 
@@ -48,8 +49,8 @@ def run_row(run: RunRow) -> tuple[object, ...]:
 
 
 def schedule_row(row: ScheduleRow) -> tuple[object, ...]:
-    return (row.pipeline_id, row.schedule_spec, row.state, row.next_run_at, row.consecutive_errors,
-            row.last_status, row.last_error)
+    return (row.pipeline_id, row.schedule_spec, row.job_kind or "", row.state, row.next_run_at,
+            row.consecutive_errors, row.last_status, row.last_error)
 
 
 def parse_payload(text: str) -> dict[str, Any]:

@@ -418,17 +418,20 @@ SELECT_SCHEMA_VERSIONS = "SELECT version_num FROM agora.alembic_version"
 SCHEDULE_COLUMNS = (
     "pipeline_id, schedule_kind, schedule_spec, state, next_run_at, consecutive_errors, last_error, "
     "last_status, last_started_at, last_finished_at, lease_owner, lease_expires_at, "
-    "error_backoff_seconds, max_consecutive_errors, lease_run_id"
+    "error_backoff_seconds, max_consecutive_errors, lease_run_id, job_kind"
 )
 
 # Register a pipeline's schedule; a changed spec recomputes next_run_at (and re-arms a completed
 # one). A first run time $4 of NULL means now, by the database clock. $7: a new launch of a
 # once-per-launch schedule, due now (a completed one active again) unless stopped or paused.
+# $8: the kind a periodic job enqueues (NULL for a pipeline).
 UPSERT_SCHEDULE = f"""
 INSERT INTO agora.schedules AS s
-    (pipeline_id, schedule_kind, schedule_spec, next_run_at, error_backoff_seconds, max_consecutive_errors)
-VALUES ($1, $2, $3, COALESCE($4, clock_timestamp()), $5, $6)
+    (pipeline_id, schedule_kind, schedule_spec, next_run_at, error_backoff_seconds, max_consecutive_errors,
+     job_kind)
+VALUES ($1, $2, $3, COALESCE($4, clock_timestamp()), $5, $6, $8)
 ON CONFLICT (pipeline_id) DO UPDATE SET
+    job_kind = EXCLUDED.job_kind,
     schedule_kind = EXCLUDED.schedule_kind,
     schedule_spec = EXCLUDED.schedule_spec,
     next_run_at = CASE WHEN s.schedule_spec <> EXCLUDED.schedule_spec THEN EXCLUDED.next_run_at

@@ -19,6 +19,7 @@ class ScheduleRegistration:
     error_backoff_seconds: float
     max_consecutive_errors: int
     new_launch: bool = False  # a once-per-launch schedule: due again now unless stopped or paused
+    job_kind: str | None = None  # a periodic job: the kind each tick enqueues
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +41,7 @@ class ScheduleRow:
     error_backoff_seconds: float
     max_consecutive_errors: int
     lease_run_id: int | None = None
+    job_kind: str | None = None  # a periodic job's kind (None: a pipeline)
     due_in_seconds: float | None = None
     lease_left_seconds: float | None = None
 

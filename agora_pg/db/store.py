@@ -390,6 +390,7 @@ class Store:
             registration.error_backoff_seconds,
             registration.max_consecutive_errors,
             registration.new_launch,
+            registration.job_kind,
         )
         return ScheduleRow.from_row(rows[0])
 

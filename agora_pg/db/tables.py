@@ -140,6 +140,7 @@ schedules = Table(
     Column("max_consecutive_errors", Integer, nullable=False, server_default=text("10"), comment="Failed runs in a row after which the schedule stops."),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=text("now()"), comment="When the pipeline was first registered."),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=text("now()"), comment="When a worker last registered it."),
+    Column("job_kind", Text, nullable=True, comment="A periodic job's kind: each tick enqueues one job of it. NULL: the schedule runs a pipeline."),
     CheckConstraint("schedule_kind IN ('every', 'cron', 'continuous', 'once')", name="schedules_kind_check"),
     CheckConstraint("state IN ('active', 'paused', 'stopped', 'completed')", name="schedules_state_check"),
     comment="One row per scheduled pipeline: its durable schedule state and run lease.",

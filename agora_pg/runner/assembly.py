@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from agora_pg.config import Component, PipelineConfig, WorkerConfig
+from agora_pg.config import Component, PeriodicJobConfig, PipelineConfig, WorkerConfig
 from agora_pg.pipelines.pipeline import BuiltPipeline, Pipeline
 from agora_pg.pipelines.sinks import DatabaseSink, JsonlSink, Sink, StdoutSink
 from agora_pg.pipelines.sources import CsvSource, IterableSource, Source, SqlSource
 from agora_pg.pipelines.tracing import Tracing, configure_exporter
+from agora_pg.runner.periodic_job import PeriodicJob
 from agora_pg.runner.scheduled_pipeline import ScheduledPipeline
 from agora_pg.runner.worker_pool import WorkerPool
 
@@ -55,9 +56,20 @@ def scheduled_pipeline(config: PipelineConfig) -> ScheduledPipeline:
     )
 
 
+def periodic_job(config: PeriodicJobConfig) -> PeriodicJob:
+    return PeriodicJob(
+        config.kind, config.schedule, payload=config.payload, queue=config.queue, priority=config.priority,
+        max_retries=config.max_retries, timeout_seconds=config.timeout_seconds, pipeline_id=config.id,
+        error_backoff_seconds=config.error_backoff_seconds, max_consecutive_errors=config.max_consecutive_errors,
+    )
+
+
 def build_worker_pool(config: WorkerConfig) -> WorkerPool:
-    """The WorkerPool a config describes: one ScheduledPipeline per pipeline."""
+    """The WorkerPool a config describes: one ScheduledPipeline per pipeline, one
+    PeriodicJob per periodic job."""
     pool = WorkerPool(health_port=config.health_port, graceful_shutdown_timeout=config.graceful_shutdown_timeout)
     for pipeline in config.pipelines.values():
         pool.register(scheduled_pipeline(pipeline))
+    for job in config.periodic_jobs.values():
+        pool.register(periodic_job(job))
     return pool

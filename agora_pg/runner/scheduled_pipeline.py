@@ -123,6 +123,8 @@ class ScheduledPipeline:
     the counter.
     """
 
+    job_kind: str | None = None  # a PeriodicJob's kind (shown with its schedule)
+
     def __init__(
         self,
         factory: Factory,
@@ -261,6 +263,7 @@ class _PipelineRunner:
             error_backoff_seconds=pipeline.error_backoff_seconds,
             max_consecutive_errors=pipeline.max_consecutive_errors,
             new_launch=pipeline.schedule.once_per_launch,
+            job_kind=pipeline.job_kind,
         )
         try:
             pipeline._row = await self._call(lambda: self.store.upsert_schedule(registration), "registering")
@@ -375,7 +378,7 @@ class _PipelineRunner:
         token = LeaseToken("run", pipeline.pipeline_id, claimed.run_id)
         # The run's checkpoints and dead letters go through this store; a stop request
         # ends a resumable pipeline after its current batch.
-        run_token = current_run.set(PipelineRun(self.store, claimed.run_id, pipeline._stop))
+        run_token = current_run.set(PipelineRun(self.store, claimed.run_id, pipeline._stop, claimed.scheduled_for))
         try:
             execution = asyncio.create_task(_run_pipeline(pipeline.factory), name=f"pipeline-{pipeline.pipeline_id}")
         finally:

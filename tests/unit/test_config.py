@@ -140,5 +140,71 @@ def test_cron_and_csv_errors() -> None:
     with pytest.raises(ConfigError, match=r'^pipelines.ingest.source.schema.amount: expected one of .*got "money"'):
         load_config(bad_type, ENV)
     duplicate = FULL.replace('id = "events_ingest"', 'id = "consumer"')
-    with pytest.raises(ConfigError, match=r'^pipelines.(ingest|consumer).id: "consumer" is the id of another pipeline'):
+    with pytest.raises(ConfigError, match=r'^pipelines.(ingest|consumer).id: "consumer" is the id of another schedule'):
         load_config(duplicate, ENV)
+
+
+PERIODIC = """
+format = "agora/v1"
+[periodic_jobs.report]
+kind = "send_report"
+payload = {to = "team@example.com"}
+queue = "reports"
+priority = 5
+max_retries = 2
+timeout_seconds = 60
+[periodic_jobs.report.schedule]
+mode = "cron"
+expression = "0 8 * * 1-5"
+timezone = "Europe/Berlin"
+[periodic_jobs.heartbeat]
+kind = "ping"
+[periodic_jobs.heartbeat.schedule]
+mode = "every"
+minutes = 5
+"""
+
+
+def test_periodic_jobs_alone_make_a_config_and_build_periodic_jobs() -> None:
+    from agora_pg.runner import PeriodicJob
+    from agora_pg.runner.assembly import build_worker_pool
+
+    config = load_config(PERIODIC, {})
+    assert config.pipelines == {}
+    report = config.periodic_jobs["report"]
+    assert (report.id, report.kind, report.payload, report.queue, report.priority, report.max_retries,
+            report.timeout_seconds) == ("periodic:report", "send_report", {"to": "team@example.com"}, "reports", 5, 2, 60)
+    assert report.schedule == Schedule.cron("0 8 * * 1-5", "Europe/Berlin")
+    heartbeat = config.periodic_jobs["heartbeat"]
+    assert (heartbeat.payload, heartbeat.queue, heartbeat.max_retries) == ({}, "default", None)
+    pool = build_worker_pool(config)
+    assert [type(p) for p in pool.pipelines] == [PeriodicJob, PeriodicJob]
+    assert [(p.pipeline_id, p.job_kind) for p in pool.pipelines] == [("periodic:report", "send_report"),
+                                                                        ("periodic:heartbeat", "ping")]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (('kind = "ping"', ''), "periodic_jobs.heartbeat.kind: missing (expected a string)"),
+        (('kind = "ping"', 'kind = "ping"\ncolour = 1'), "periodic_jobs.heartbeat.colour: unknown key"),
+        (('mode = "every"\nminutes = 5', 'mode = "continuous"'),
+         'periodic_jobs.heartbeat.schedule.mode: a periodic job needs "every", "cron" or "once"'),
+        (("max_retries = 2", "max_retries = -1"), "periodic_jobs.report.max_retries: expected a whole number >= 0"),
+        (("timeout_seconds = 60", "timeout_seconds = 0"), "periodic_jobs.report.timeout_seconds: expected a positive number"),
+        (('payload = {to = "team@example.com"}', 'payload = "to team"'), 'periodic_jobs.report.payload: expected a table'),
+        (('kind = "ping"', 'kind = "ping"\nid = "periodic:report"'),
+         'periodic_jobs.report.id: "periodic:report" is the id of another schedule too'),
+    ],
+)
+def test_a_wrong_periodic_job_names_the_key_path(change: tuple[str, str], message: str) -> None:
+    old, new = change
+    assert old in PERIODIC
+    with pytest.raises(ConfigError) as caught:
+        load_config(PERIODIC.replace(old, new, 1), {})
+    assert str(caught.value).startswith(message), str(caught.value)
+
+
+def test_a_config_without_pipelines_or_periodic_jobs_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"^pipelines: expected at least one \[pipelines.NAME\] or \[periodic_jobs.NAME\]"):
+        load_config('format = "agora/v1"\n[worker]\nhealth_port = 1\n', {})

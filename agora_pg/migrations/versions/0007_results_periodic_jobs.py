@@ -1,4 +1,5 @@
-"""A job attempt's result: the JSON its handler returned, on the attempt's run row.
+"""A job attempt's result (the JSON its handler returned, on the attempt's run row), and
+the kind a periodic job's schedule enqueues.
 
 Revision ID: 0007
 Revises: 0006
@@ -21,10 +22,15 @@ RESULT_COMMENT = (
     "JSON cannot hold). Kept as long as the run row: history retention removes it with its job."
 )
 
+JOB_KIND_COMMENT = "A periodic job's kind: each tick enqueues one job of it. NULL: the schedule runs a pipeline."
+
 
 def upgrade() -> None:
     op.add_column("runs", sa.Column("result", JSONB, nullable=True, comment=RESULT_COMMENT), schema="agora")
+    op.add_column("schedules", sa.Column("job_kind", sa.Text, nullable=True, comment=JOB_KIND_COMMENT),
+                  schema="agora")
 
 
 def downgrade() -> None:
+    op.drop_column("schedules", "job_kind", schema="agora")
     op.drop_column("runs", "result", schema="agora")

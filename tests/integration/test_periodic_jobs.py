@@ -1,0 +1,74 @@
+"""Periodic jobs: a schedule that enqueues one job of a kind per tick, however many
+workers register it, with the tick's time in the payload."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime
+from typing import Any
+
+import pytest
+from litestar.testing import AsyncTestClient
+
+from agora_pg import InvalidJob, Job, JobStatus, Queue, Settings, Worker
+from agora_pg.api import create_app
+from agora_pg.db.store import Store
+from agora_pg.runner import PeriodicJob, Schedule, WorkerPool
+
+SEEN: list[dict[str, Any]] = []
+
+
+async def report(job: Job, resources: Any) -> None:
+    SEEN.append(job.payload)
+
+
+async def test_two_pools_enqueue_one_job_per_tick_and_a_worker_runs_them(
+    store: Store, queue: Queue, settings: Settings
+) -> None:
+    SEEN.clear()
+
+    def periodic() -> PeriodicJob:
+        return PeriodicJob("report", Schedule.every(seconds=1), payload={"to": "team"}, queue="reports",
+                           priority=3)
+
+    first = WorkerPool(settings=settings).register(periodic()).register(
+        Worker({"report": report}, settings=settings.replace(queues=("reports",))))
+    second = WorkerPool(settings=settings).register(periodic())  # another process registering the same job
+    tasks = [asyncio.create_task(pool.run(handle_signals=False)) for pool in (first, second)]
+    await asyncio.sleep(4.5)
+    for pool in (first, second):
+        pool.stop()
+    await asyncio.wait_for(asyncio.gather(*tasks), 20)
+
+    async with store.connection() as connection:
+        runs = await connection.fetch("SELECT scheduled_for, status FROM agora.runs WHERE pipeline_id = 'periodic:report'")
+        rows = await connection.fetch("SELECT id FROM agora.jobs WHERE kind = 'report' ORDER BY id")
+    jobs = [await queue.get(row["id"]) for row in rows]
+    assert len(jobs) >= 3, jobs
+    ticks = [job.payload["scheduled_for"] for job in jobs]
+    assert len(set(ticks)) == len(ticks)  # one job per tick, whichever pool claimed it
+    assert sorted(ticks) == sorted(run["scheduled_for"].isoformat() for run in runs if run["status"] == "succeeded")
+    assert all(run["status"] == "succeeded" for run in runs)
+    for job in jobs:
+        assert job.payload["to"] == "team" and (job.queue, job.priority) == ("reports", 3)
+        assert job.dedup_key == f"periodic:report@{job.payload['scheduled_for']}"
+        assert datetime.fromisoformat(job.payload["scheduled_for"]).tzinfo is not None
+    done = [job for job in jobs if job.status is JobStatus.DONE]
+    assert len(done) >= len(jobs) - 1 and len(SEEN) == len(done)  # the last tick's job may still wait
+
+    async with AsyncTestClient(app=create_app(settings), base_url="http://api.localhost:8000") as client:
+        [listed] = (await client.get("/schedules")).json()
+    assert (listed["pipeline_id"], listed["job_kind"], listed["schedule_kind"]) == ("periodic:report", "report", "every")
+
+
+def test_a_periodic_job_is_checked_when_it_is_made() -> None:
+    with pytest.raises(InvalidJob, match="kind"):
+        PeriodicJob("", Schedule.every(minutes=1))
+    with pytest.raises(InvalidJob, match="queue"):
+        PeriodicJob("report", Schedule.every(minutes=1), queue=" padded ")
+    with pytest.raises(ValueError, match="Schedule.continuous would enqueue without pause"):
+        PeriodicJob("report", Schedule.continuous())
+    with pytest.raises(ValueError, match="payload must not hold 'scheduled_for'"):
+        PeriodicJob("report", Schedule.every(minutes=1), payload={"scheduled_for": "now"})
+    job = PeriodicJob("report", Schedule.cron("0 8 * * *"), pipeline_id="morning-report")
+    assert (job.pipeline_id, job.job_kind) == ("morning-report", "report")
