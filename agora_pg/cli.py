@@ -83,10 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--health-host", help="the health server's address (overrides WORKER_HEALTH_HOST) [127.0.0.1]")
 
     api = command(commands, "api", "serve the REST API with uvicorn",
-                  "AGORA_PG_API_TOKEN=s3cret agora-pg api --host 0.0.0.0 --port 8000")
+                  "AGORA_PG_API_TOKEN=s3cret agora-pg api --host 0.0.0.0 --port 8000 --module worker")
     api.add_argument("--host", default="127.0.0.1", help="address to bind [127.0.0.1]")
     api.add_argument("--port", type=int, default=8000, help="port [8000]")
     api.add_argument("--insecure", action="store_true", help="allow a non-loopback address without AGORA_PG_API_TOKEN")
+    api.add_argument("--module", help="a worker module whose kinds POST /jobs applies (payload types, queues, "
+                                      "max_retries) [none]")
 
     dev = command(commands, "dev", "embedded Postgres, migrations, the API and a worker, until Ctrl+C",
                   "agora-pg dev --module worker --port 8000")
@@ -288,7 +290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "dlq":
             asyncio.run(run_dlq(args, config))
         elif args.command == "api":
-            run_event_loop(serve.run_api(args.host, args.port, args.insecure, args.log_level))
+            run_event_loop(serve.run_api(args.host, args.port, args.insecure, args.log_level, args.module))
         elif args.command == "dev":
             asyncio.run(serve.run_dev(args.host, args.port, args.module, args.health_port, args.log_level))
         else:

@@ -10,10 +10,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from agora_pg.errors import InvalidJob
+from agora_pg.payloads import is_payload_instance, to_json_object
 
 INT32_MAX = 2**31 - 1
 MAX_TEXT = 1000  # kind, name, queue and dedup_key are identifiers, not documents
 MAX_QUEUE = 100  # queue names are metric labels too
+DEFAULT_QUEUE = "default"
 # Times the database and every client can hold (PostgreSQL would turn year 1 into
 # -infinity; years past 9999 overflow Python's datetime).
 EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
@@ -41,14 +43,16 @@ def holds_nul(json_text: str) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class JobSpec:
-    """One job to enqueue. ``name`` defaults to ``kind``; ``run_at`` to now;
-    ``max_retries`` to the enqueuing process's ``WORKER_MAX_RETRIES``; ``timeout_seconds``
-    to the kind's timeout, else the worker's ``WORKER_JOB_TIMEOUT``."""
+    """One job to enqueue. ``payload`` is a dict, or a dataclass or ``msgspec.Struct``
+    instance (stored as its JSON object). ``name`` defaults to ``kind``; ``queue`` to the
+    kind's (through a Queue that knows the kinds), else ``"default"``; ``run_at`` to now;
+    ``max_retries`` to the kind's, else the enqueuing process's ``WORKER_MAX_RETRIES``;
+    ``timeout_seconds`` to the kind's timeout, else the worker's ``WORKER_JOB_TIMEOUT``."""
 
     kind: str
     payload: dict[str, Any] = dataclasses.field(default_factory=dict)
     name: str | None = None
-    queue: str = "default"
+    queue: str | None = None
     priority: int = 0
     run_at: datetime | None = None
     max_retries: int | None = None
@@ -59,9 +63,12 @@ class JobSpec:
         _known_identifier("kind", self.kind)
         if self.name is not None:
             _identifier("name", self.name, allow_spaces=True)
-        _known_identifier("queue", self.queue, MAX_QUEUE)
+        if self.queue is not None:
+            _known_identifier("queue", self.queue, MAX_QUEUE)
         if self.dedup_key is not None:
             _identifier("dedup_key", self.dedup_key, allow_spaces=True)
+        if is_payload_instance(self.payload):  # a typed payload: stored as its JSON object
+            object.__setattr__(self, "payload", to_json_object(self.payload))
         if not isinstance(self.payload, dict):
             raise InvalidJob("payload", f"expected a JSON object (dict), got {type(self.payload).__name__}")
         _whole_number("priority", self.priority, minimum=-INT32_MAX)
@@ -78,6 +85,11 @@ class JobSpec:
             if problem is not None:
                 raise InvalidJob("run_at", problem)
 
+    @property
+    def queue_name(self) -> str:
+        """The queue the job goes to: ``queue``, else ``"default"``."""
+        return DEFAULT_QUEUE if self.queue is None else self.queue
+
     def payload_json(self) -> str:
         try:
             text = json.dumps(self.payload, allow_nan=False, separators=(",", ":"))
@@ -92,7 +104,7 @@ class JobSpec:
         return (
             self.name if self.name is not None else self.kind,
             self.kind,
-            self.queue,
+            self.queue_name,
             self.payload_json(),
             self.priority,
             self.run_at,
@@ -113,7 +125,7 @@ def batch_document(specs: Sequence[JobSpec], default_max_retries: int | None = N
         {
             "name": spec.name if spec.name is not None else spec.kind,
             "kind": spec.kind,
-            "queue": spec.queue,
+            "queue": spec.queue_name,
             "payload": spec.payload,
             "priority": spec.priority,
             "run_at": None if spec.run_at is None else spec.run_at.isoformat(),

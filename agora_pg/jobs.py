@@ -78,7 +78,7 @@ class Job:
     kind: str
     queue: str
     status: JobStatus
-    payload: dict[str, Any]
+    payload: Any  # a JSON object (dict); in the handler of a typed kind, an instance of its payload type
     priority: int
     run_at: datetime
     retry_count: int

@@ -18,6 +18,7 @@ from agora_pg.job_spec import JobSpec
 from agora_pg.errors import JobFailed
 from agora_pg.jobs import Job, JobStatus
 from agora_pg.settings import Settings, load_settings
+from agora_pg.worker.handlers import apply_kinds, kind_table
 
 
 class Queue:
@@ -27,31 +28,35 @@ class Queue:
     ...     job = await queue.enqueue("send_email", payload={"to": "a@b.c"})
     """
 
-    def __init__(self, store: Store, settings: Settings | None = None) -> None:
+    def __init__(self, store: Store, settings: Settings | None = None, handlers: Any = None) -> None:
         self.store = store
         self.settings = settings if settings is not None else Settings()
+        self.kinds = kind_table(handlers)
 
     @classmethod
     @contextlib.asynccontextmanager
     async def connect(
-        cls, database_url: str | None = None, settings: Settings | None = None
+        cls, database_url: str | None = None, settings: Settings | None = None, *, handlers: Any = None
     ) -> AsyncIterator[Queue]:
         """A queue on ``database_url``, else on the settings' database (from the
-        environment by default), else on the embedded server."""
+        environment by default), else on the embedded server. With ``handlers`` (a
+        ``Handlers`` table, or the ``Worker`` or ``WorkerPool`` of your worker module),
+        enqueues apply each kind's options: its payload type is checked, its queue and
+        max_retries are the defaults."""
         settings = settings if settings is not None else load_settings(os.environ)
         if database_url is not None:
             settings = settings.replace(database_url=database_url)
         async with resolve_database(settings) as database:
             store = Store.open(database)
             try:
-                yield cls(store, settings)
+                yield cls(store, settings, handlers)
             finally:
                 await store.close()
 
     @classmethod
-    def from_engine(cls, engine: Any, settings: Settings | None = None) -> Queue:
+    def from_engine(cls, engine: Any, settings: Settings | None = None, *, handlers: Any = None) -> Queue:
         """A queue on an existing SQLAlchemy ``AsyncEngine`` (left open on exit)."""
-        return cls(Store.from_engine(engine), settings)
+        return cls(Store.from_engine(engine), settings, handlers)
 
     @property
     def database(self) -> Database:
@@ -60,10 +65,10 @@ class Queue:
     async def enqueue(
         self,
         kind: str,
-        payload: dict[str, Any] | None = None,
+        payload: Any = None,
         *,
         name: str | None = None,
-        queue: str = "default",
+        queue: str | None = None,
         priority: int = 0,
         run_at: datetime | None = None,
         max_retries: int | None = None,
@@ -71,7 +76,8 @@ class Queue:
         timeout_seconds: float | None = None,
         connection: CallerConnection | None = None,
     ) -> Job:
-        """Store one job and return it.
+        """Store one job and return it. ``payload``: a dict, or a dataclass or
+        ``msgspec.Struct`` instance; ``queue``: the kind's, else ``"default"``.
 
         With ``dedup_key``, a job with that key that is still pending,
         processing or waiting for a retry is returned instead of a new one.
@@ -91,14 +97,15 @@ class Queue:
             dedup_key=dedup_key,
             timeout_seconds=timeout_seconds,
         )
-        [(job, _created)] = await self.store.enqueue([spec], connection, self.settings.max_retries)
+        [(job, _created)] = await self.store.enqueue(apply_kinds(self.kinds, [spec]), connection,
+                                                     self.settings.max_retries)
         return job
 
     async def enqueue_many(
         self, specs: Iterable[JobSpec], *, connection: CallerConnection | None = None
     ) -> list[Job]:
         """Store many jobs in one statement; returns them in the order given."""
-        results = await self.store.enqueue(list(specs), connection, self.settings.max_retries)
+        results = await self.store.enqueue(apply_kinds(self.kinds, list(specs)), connection, self.settings.max_retries)
         return [job for job, _created in results]
 
     async def get(self, job_id: int) -> Job:

@@ -26,6 +26,7 @@ from agora_pg.errors import DatabaseUnavailable, SchemaNotReady
 from agora_pg.job_spec import JobSpec
 from agora_pg.jobs import Job
 from agora_pg.settings import Settings, load_settings
+from agora_pg.worker.handlers import apply_kinds, kind_table
 
 T = TypeVar("T")
 
@@ -91,7 +92,7 @@ def _sync_fetch(connection: Any) -> Any:
     )
 
 
-def _spec(kind: str, payload: dict[str, Any] | None, **options: Any) -> JobSpec:
+def _spec(kind: str, payload: Any, **options: Any) -> JobSpec:
     return JobSpec(kind=kind, payload={} if payload is None else payload, **options)
 
 
@@ -107,21 +108,25 @@ class SyncQueue:
     Needs ``pip install 'agora-pg[sync]'``.
     """
 
-    def __init__(self, database: Database, settings: Settings | None = None) -> None:
+    def __init__(self, database: Database, settings: Settings | None = None, handlers: Any = None) -> None:
         self.database = database
         self.settings = settings if settings is not None else Settings()
+        self.kinds = kind_table(handlers)
         self._connection: Any = None
         self._lock = threading.Lock()
 
     @classmethod
-    def connect(cls, database_url: str | None = None, settings: Settings | None = None) -> SyncQueue:
+    def connect(
+        cls, database_url: str | None = None, settings: Settings | None = None, *, handlers: Any = None
+    ) -> SyncQueue:
         """A queue on ``database_url``, else on the settings' database (from the environment
-        by default), else on the embedded server. Use it in a ``with`` block, or ``close()`` it."""
+        by default), else on the embedded server. Use it in a ``with`` block, or ``close()`` it.
+        ``handlers``: as ``Queue.connect``'s (each kind's options apply)."""
         settings = settings if settings is not None else load_settings(os.environ)
         url = database_url if database_url is not None else settings.database_url
         database = (Database.from_settings(settings, url) if url is not None
                     else embedded_database(settings.data_dir))
-        return cls(database, settings)
+        return cls(database, settings, handlers)
 
     def __enter__(self) -> SyncQueue:
         return self
@@ -139,10 +144,10 @@ class SyncQueue:
     def enqueue(
         self,
         kind: str,
-        payload: dict[str, Any] | None = None,
+        payload: Any = None,
         *,
         name: str | None = None,
-        queue: str = "default",
+        queue: str | None = None,
         priority: int = 0,
         run_at: datetime | None = None,
         max_retries: int | None = None,
@@ -163,6 +168,7 @@ class SyncQueue:
     def _insert(self, specs: list[JobSpec], connection: Any) -> list[tuple[Job, bool]]:
         if not specs:
             return []
+        specs = apply_kinds(self.kinds, specs)
         default_max_retries = self.settings.max_retries
         if connection is not None:
             with self._translated_errors(reconnect=False):

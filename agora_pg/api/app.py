@@ -6,6 +6,7 @@ import contextlib
 import inspect
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 from litestar import Litestar
 from litestar.datastructures import State
@@ -34,6 +35,7 @@ from agora_pg.db.connect import resolve_database
 from agora_pg.db.store import Store
 from agora_pg.events.stream import EventStream
 from agora_pg.settings import Settings
+from agora_pg.worker.handlers import kind_table
 
 API_VERSION = "0.1.0"
 STATIC = Path(__file__).parent / "static"  # vendored scripts, each with its licence
@@ -41,11 +43,15 @@ REDOC_SCRIPT = "redoc.standalone.js"
 REQUEST_BODY_HEADROOM = 64 * 1024  # JSON around the payload: kind, name, queue, ...
 
 
-def create_app(settings: Settings, *, allow_remote: bool = False) -> Litestar:
+def create_app(settings: Settings, *, allow_remote: bool = False, handlers: Any = None) -> Litestar:
     """The API on the settings' database (the embedded server when no URL is set),
     through a Store opened for the app's lifetime. Without a token it answers only
     clients of this machine (``allow_remote``: others too, as ``--insecure`` asks) and
-    refuses cross-site requests (``agora_pg.api.exposure``)."""
+    refuses cross-site requests (``agora_pg.api.exposure``). With ``handlers`` (a
+    ``Handlers`` table, or a worker module's Worker or WorkerPool), ``POST /jobs`` applies
+    each kind's options: its payload type is checked (400 naming the field), its queue and
+    max_retries are the defaults, and the OpenAPI document shows the payload types."""
+    kinds = kind_table(handlers)
 
     @contextlib.asynccontextmanager
     async def store_lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -68,6 +74,7 @@ def create_app(settings: Settings, *, allow_remote: bool = False) -> Litestar:
         dependencies={
             "store": Provide(_store, sync_to_thread=False),
             "settings": Provide(lambda: settings, sync_to_thread=False),
+            "kinds": Provide(lambda: kinds, sync_to_thread=False),
         },
         guards=[token_guard(settings.api_token)] if settings.api_token else [],
         middleware=[] if settings.api_token else [local_only(allow_remote, settings.api_allowed_origins)],
@@ -83,7 +90,9 @@ def create_app(settings: Settings, *, allow_remote: bool = False) -> Litestar:
         ),
         logging_config=None,  # the process's logging stays as its command set it up
     )
-    openapi.correct(app.plugins.get(OpenAPIPlugin).provide_openapi_schema(), token=bool(settings.api_token))
+    openapi.correct(app.plugins.get(OpenAPIPlugin).provide_openapi_schema(), token=bool(settings.api_token),
+                    payload_types={kind: options.payload for kind, options in kinds.items()
+                                   if options.payload is not None})
     _allow_names_every_method(app)
     return app
 

@@ -21,6 +21,7 @@ from agora_pg.errors import InvalidJob
 from agora_pg.job_spec import JobSpec
 from agora_pg.jobs import JobStatus
 from agora_pg.settings import Settings
+from agora_pg.worker.handlers import KindTable, apply_kinds
 
 
 _JOB_ID_SEGMENT = re.compile(r"/jobs/([^/]+)")
@@ -41,7 +42,8 @@ class JobController(Controller):
 
     @post("/", status_code=201, responses=None, before_request=check_json_body)
     async def create_job(
-        self, data: JSONBody[JobCreate], store: NamedDependency[Store], settings: NamedDependency[Settings]
+        self, data: JSONBody[JobCreate], store: NamedDependency[Store], settings: NamedDependency[Settings],
+        kinds: NamedDependency[KindTable],
     ) -> Response[JobOut]:
         """Enqueue a job: 201 with the new job, or 200 with the live job holding its ``dedup_key``."""
         size = len(_encoded_payload(data.payload))
@@ -52,7 +54,7 @@ class JobController(Controller):
             run_at=data.run_at, max_retries=data.max_retries, dedup_key=data.dedup_key,
             timeout_seconds=data.timeout_seconds,
         )
-        [(job, created)] = await store.enqueue([spec], None, settings.max_retries)
+        [(job, created)] = await store.enqueue(apply_kinds(kinds, [spec]), None, settings.max_retries)
         return Response(JobOut.of(job), status_code=201 if created else 200)
 
     @get("/")

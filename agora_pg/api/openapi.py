@@ -46,11 +46,14 @@ _WHY = {
 }
 
 
-def correct(document: dict[str, Any], *, token: bool) -> None:
-    """Correct Litestar's ``document`` for an API with (``token``) or without a token."""
+def correct(document: dict[str, Any], *, token: bool, payload_types: dict[str, type] | None = None) -> None:
+    """Correct Litestar's ``document`` for an API with (``token``) or without a token;
+    ``payload_types``: the declared payload type of each typed kind."""
     schemas = document.setdefault("components", {}).setdefault("schemas", {})
     schemas["ErrorBody"] = _struct_schema(ErrorBody)
     schemas["JobCreate"] = _job_create_schema()
+    if payload_types:
+        _describe_typed_payloads(schemas, payload_types)
     schemas["JsonValue"] = _json_value_schema()
     if token:
         document["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
@@ -128,7 +131,9 @@ def _job_create_schema() -> dict[str, Any]:
     schema["additionalProperties"] = False  # (msgspec's forbid_unknown_fields)
     properties = schema["properties"]
     properties["kind"]["pattern"] = IDENTIFIER_PATTERN
-    properties["queue"].update(pattern=IDENTIFIER_PATTERN, maxLength=100)
+    properties["queue"] = {"anyOf": [{"type": "string", "minLength": 1, "maxLength": 100, "pattern": IDENTIFIER_PATTERN},
+                                     {"type": "null"}], "default": None,
+                           "description": "the kind's queue when the API knows the kinds, else default"}
     for field in ("name", "dedup_key"):
         properties[field] = {"anyOf": [{"type": "string", "minLength": 1, "maxLength": 1000, "pattern": LABEL_PATTERN},
                                        {"type": "null"}], "default": None}
@@ -137,6 +142,23 @@ def _job_create_schema() -> dict[str, Any]:
     properties["payload"] = {**_json_object(), "default": {},
                              "description": "a JSON object, nested at most 64 levels, with no NUL characters"}
     return schema
+
+
+def _describe_typed_payloads(schemas: dict[str, Any], payload_types: dict[str, type]) -> None:
+    """JobCreate's payload, for each typed kind, is its payload type's schema (JSON Schema's
+    ``if``/``then``, which OpenAPI 3.1 carries)."""
+    kinds = sorted(payload_types)
+    refs, components = msgspec.json.schema_components([payload_types[kind] for kind in kinds],
+                                                      ref_template="#/components/schemas/{name}")
+    schemas.update(components)
+    schemas["JobCreate"]["allOf"] = [
+        {"if": {"properties": {"kind": {"const": kind}}, "required": ["kind"]},
+         "then": {"properties": {"payload": ref}}}
+        for kind, ref in zip(kinds, refs, strict=True)
+    ]
+    listed = ", ".join(f"{kind} ({payload_types[kind].__name__})" for kind in kinds)
+    schemas["JobCreate"]["description"] = (schemas["JobCreate"].get("description", "")
+                                           + f"\n\nKinds with a declared payload type: {listed}.")
 
 
 def _json_object() -> dict[str, Any]:

@@ -17,14 +17,17 @@ AwareDatetime = Annotated[datetime, msgspec.Meta(tz=True)]
 
 
 class JobCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """A job to enqueue. ``name`` defaults to ``kind``; ``run_at`` to now; ``max_retries``
-    to the API process's ``WORKER_MAX_RETRIES``; ``timeout_seconds`` (how long an attempt
-    may run) to the kind's timeout, else the worker's ``WORKER_JOB_TIMEOUT``."""
+    """A job to enqueue. ``name`` defaults to ``kind``; ``queue`` to the kind's (when the
+    API knows the kinds: ``agora-pg api --module``), else ``default``; ``run_at`` to now;
+    ``max_retries`` to the kind's, else the API process's ``WORKER_MAX_RETRIES``;
+    ``timeout_seconds`` (how long an attempt may run) to the kind's timeout, else the
+    worker's ``WORKER_JOB_TIMEOUT``. A kind with a declared payload type has its payload
+    checked against it."""
 
     kind: Text
     name: Text | None = None
     payload: dict[str, Any] = msgspec.field(default_factory=dict)
-    queue: Text = "default"
+    queue: Text | None = None
     priority: Annotated[int, msgspec.Meta(ge=-(2**31 - 1), le=2**31 - 1)] = 0
     run_at: AwareDatetime | None = None
     max_retries: Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)] | None = None

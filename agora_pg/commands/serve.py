@@ -39,15 +39,19 @@ def check_bind(host: str, token: str | None, insecure: bool) -> None:
         )
 
 
-async def run_api(host: str, port: int, insecure: bool, log_level: str) -> None:
+async def run_api(host: str, port: int, insecure: bool, log_level: str, module: str | None = None) -> None:
     import uvicorn
 
     from agora_pg.api import create_app
+    from agora_pg.loading import load_worker
 
     settings = load_settings(os.environ)
     check_bind(host, settings.api_token, insecure)
     check_port_free("--port", host, port)
-    config = uvicorn.Config(create_app(settings, allow_remote=insecure), host=host, port=port, log_level=log_level.lower(),
+    # the worker module's kinds: POST /jobs checks their payload types and applies their defaults
+    handlers = load_worker(module, Path.cwd()) if module is not None else None
+    app = create_app(settings, allow_remote=insecure, handlers=handlers)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(),
                             lifespan="on", access_log=False, http=read_deadline_protocol(settings.api_read_timeout),
                             limit_concurrency=settings.api_max_connections,
                             timeout_keep_alive=settings.api_keep_alive_seconds)
@@ -104,7 +108,7 @@ async def run_dev(host: str, port: int, module: str, health_port: int | None, lo
         base = [sys.executable, "-m", "agora_pg.cli", "--log-level", log_level]
         worker_args = [*base, "worker", "--module", module, "--health-port", str(health_port)]
         children = {
-            "api": _start([*base, "api", "--host", host, "--port", str(port)], env),
+            "api": _start([*base, "api", "--host", host, "--port", str(port), "--module", module], env),
             "worker": _start(worker_args, env),
         }
         print(

@@ -28,7 +28,7 @@ def new_job(
             "id": job_id,
             "name": spec.name if spec.name is not None else spec.kind,
             "kind": spec.kind,
-            "queue": spec.queue,
+            "queue": spec.queue_name,
             "status": JobStatus.PENDING,
             "payload": spec.payload,
             "priority": spec.priority,

@@ -68,7 +68,7 @@ class PeriodicJob(ScheduledPipeline):
         """The job one tick enqueues."""
         template = self.template
         when = tick.isoformat()
-        return JobSpec(template.kind, {**template.payload, TICK_FIELD: when}, queue=template.queue,
+        return JobSpec(template.kind, {**template.payload, TICK_FIELD: when}, queue=template.queue_name,
                        priority=template.priority, max_retries=template.max_retries,
                        timeout_seconds=template.timeout_seconds, dedup_key=f"{self.pipeline_id}@{when}")
 

@@ -12,7 +12,9 @@ import logging
 import threading
 from typing import Any
 
+from agora_pg.errors import Fail, InvalidJob
 from agora_pg.jobs import Job
+from agora_pg.payloads import decode
 from agora_pg.outcomes import SUCCEEDED, Outcome, StopReason, outcome_of, succeeded_with
 from agora_pg.runtime.leases import LeaseToken
 from agora_pg.worker.context import ProgressReporter, current_attempt
@@ -84,10 +86,11 @@ async def run_attempt(attempt: Attempt, resources: Any) -> Outcome | None:
     while it runs: its lease expires once the process has exited)."""
     current_attempt.set(attempt)  # (the attempt's own task: nothing to reset)
     try:
+        job = attempt.job if attempt.options.payload is None else typed_job(attempt.job, attempt.options.payload)
         if attempt.is_async:  # (the common case first, and without a frame of its own)
-            result = await attempt.handler(attempt.job, resources)  # type: ignore[misc]
+            result = await attempt.handler(job, resources)  # type: ignore[misc]
         else:
-            result = await _call_handler(attempt, resources)
+            result = await _call_handler(attempt, job, resources)
         error: BaseException | None = None
     except BaseException as raised:  # every way out is an outcome, CancelledError included
         if isinstance(raised, KeyboardInterrupt | SystemExit):
@@ -107,18 +110,29 @@ async def run_attempt(attempt: Attempt, resources: Any) -> Outcome | None:
     )
 
 
-async def _call_handler(attempt: Attempt, resources: Any) -> Any:
+def typed_job(job: Job, payload_type: type) -> Job:
+    """The job as the handler of a typed kind sees it: ``payload`` decoded into
+    ``payload_type``. A payload that does not decode (a job inserted by SQL, or enqueued
+    before the type changed) fails the job at once: no retry can mend it."""
+    try:
+        decoded = decode(job.payload, payload_type)
+    except InvalidJob as error:
+        raise Fail(f"the payload does not decode: {error}") from None
+    return Job.from_fields({**job.__dict__, "payload": decoded})
+
+
+async def _call_handler(attempt: Attempt, job: Job, resources: Any) -> Any:
     """A sync handler in a thread of its own (or the error of a kind with no handler);
     returns what the handler returned."""
     if attempt.handler is None:
         raise UnknownJobKind(attempt.job.kind, list(attempt.known_kinds))
-    result = await _in_thread(attempt, resources)
+    result = await _in_thread(attempt, job, resources)
     if inspect.isawaitable(result):  # a sync function that returned a coroutine
         return await result
     return result
 
 
-async def _in_thread(attempt: Attempt, resources: Any) -> Any:
+async def _in_thread(attempt: Attempt, job: Job, resources: Any) -> Any:
     """Run a sync handler in a daemon thread of its own (so that a hung one never keeps
     the process from exiting) and wait for it. Python cannot interrupt a thread: a stop
     other than shutdown keeps waiting for it, holding the slot and the lease, so that the
@@ -140,7 +154,7 @@ async def _in_thread(attempt: Attempt, resources: Any) -> Any:
 
     def target() -> None:
         try:
-            result = context.run(handler, attempt.job, resources)
+            result = context.run(handler, job, resources)
         except BaseException as error:  # handed to the event loop as the attempt's error
             loop.call_soon_threadsafe(settle, None, error)
         else:

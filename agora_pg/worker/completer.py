@@ -170,7 +170,10 @@ class Completer:
         delay, final = 0.0, outcome.final
         if outcome.kind is OutcomeKind.FAILED and not final:
             max_retries = job.max_retries if job.max_retries is not None else self._default_max_retries
-            decision = decide(job.retry_count + 1, max_retries, self._backoff, self._rng, outcome.retry_after)
+            backoff = self._backoff
+            if attempt.options.retry_backoff is not None:  # the kind's own base delay
+                backoff = dataclasses.replace(backoff, base_seconds=attempt.options.retry_backoff)
+            decision = decide(job.retry_count + 1, max_retries, backoff, self._rng, outcome.retry_after)
             delay = decision.delay_seconds if decision is not None else 0.0
         return JobFinish(
             job_id=job.id, attempt=job.attempt, kind=outcome.kind.value, error_type=outcome.error_type,

@@ -8,7 +8,9 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
 from agora_pg.errors import AgoraError
+from agora_pg.job_spec import JobSpec
 from agora_pg.jobs import Job
+from agora_pg.payloads import check_payload, is_payload_type
 
 Handler = Callable[[Job, Any], Awaitable[Any] | Any]
 
@@ -26,10 +28,19 @@ class UnknownJobKind(AgoraError):
 class KindOptions:
     """Options of one kind. ``timeout``: seconds an attempt may run (a job's own
     ``timeout_seconds`` wins; None takes ``WORKER_JOB_TIMEOUT``). ``non_retryable``:
-    exception types that fail the job at once, like ``agora_pg.Fail``."""
+    exception types that fail the job at once, like ``agora_pg.Fail``. ``max_retries``
+    and ``queue``: what a job of this kind gets when its enqueue names none (through a
+    ``Queue``, ``SyncQueue`` or API that knows the kinds). ``retry_backoff``: base
+    seconds of the retry delay (``WORKER_RETRY_BACKOFF_SECONDS`` otherwise).
+    ``payload``: a dataclass or ``msgspec.Struct`` the payload must decode into; the
+    handler's ``job.payload`` is then an instance of it."""
 
     timeout: float | None = None
     non_retryable: tuple[type[BaseException], ...] = ()
+    max_retries: int | None = None
+    retry_backoff: float | None = None
+    queue: str | None = None
+    payload: type | None = None
 
     def __post_init__(self) -> None:
         if self.timeout is not None and not (isinstance(self.timeout, int | float) and self.timeout > 0):
@@ -37,6 +48,53 @@ class KindOptions:
         for error_type in self.non_retryable:
             if not (isinstance(error_type, type) and issubclass(error_type, BaseException)):
                 raise TypeError(f"non_retryable takes exception types, got {error_type!r}")
+        if self.max_retries is not None and (isinstance(self.max_retries, bool)
+                                             or not isinstance(self.max_retries, int) or self.max_retries < 0):
+            raise ValueError(f"max_retries must be a whole number >= 0, got {self.max_retries!r}")
+        if self.retry_backoff is not None and (isinstance(self.retry_backoff, bool)
+                                               or not isinstance(self.retry_backoff, int | float)
+                                               or self.retry_backoff < 0):
+            raise ValueError(f"retry_backoff must be a number of seconds >= 0, got {self.retry_backoff!r}")
+        if self.queue is not None:
+            JobSpec("kind", queue=self.queue)  # the queue's rules are a job's
+        if self.payload is not None and not is_payload_type(self.payload):
+            raise TypeError(f"payload must be a dataclass or a msgspec.Struct class, got {self.payload!r}")
+
+    def apply(self, spec: JobSpec) -> JobSpec:
+        """``spec`` as this kind enqueues it: its payload checked against ``payload`` (as
+        the JSON object it is stored as; ``InvalidJob`` naming the field otherwise), and
+        the kind's queue and max_retries where the spec gives none."""
+        changes: dict[str, Any] = {}
+        if self.payload is not None:
+            changes["payload"] = check_payload(spec.payload, self.payload)
+        if spec.queue is None and self.queue is not None:
+            changes["queue"] = self.queue
+        if spec.max_retries is None and self.max_retries is not None:
+            changes["max_retries"] = self.max_retries
+        return dataclasses.replace(spec, **changes) if changes else spec
+
+
+KindTable = Mapping[str, KindOptions]  # what a Queue, SyncQueue or the API applies at enqueue
+
+
+def apply_kinds(kinds: KindTable, specs: list[JobSpec]) -> list[JobSpec]:
+    """Each spec as its kind enqueues it (``KindOptions.apply``); unknown kinds as given."""
+    if not kinds:
+        return specs
+    return [options.apply(spec) if (options := kinds.get(spec.kind)) is not None else spec for spec in specs]
+
+
+def kind_table(source: Any) -> dict[str, KindOptions]:
+    """The kind options of a ``Handlers`` table, a ``Worker`` or a ``WorkerPool`` (its job
+    worker's); empty for a plain dict of handlers or None."""
+    if source is None:
+        return {}
+    if isinstance(source, Handlers):
+        return source.all_options()
+    kind_options = getattr(source, "kind_options", None)
+    if kind_options is None and getattr(source, "job_worker", None) is not None:
+        kind_options = source.job_worker.kind_options
+    return dict(kind_options or {})
 
 
 class Handlers(Mapping[str, Handler]):
@@ -52,19 +110,23 @@ class Handlers(Mapping[str, Handler]):
         self._options: dict[str, KindOptions] = {}
 
     def kind(
-        self, name: str, *, timeout: float | None = None, non_retryable: tuple[type[BaseException], ...] = ()
+        self, name: str, *, timeout: float | None = None, non_retryable: tuple[type[BaseException], ...] = (),
+        max_retries: int | None = None, retry_backoff: float | None = None, queue: str | None = None,
+        payload: type | None = None,
     ) -> Callable[[Handler], Handler]:
-        """Register the decorated function as the handler of ``name``."""
+        """Register the decorated function as the handler of ``name`` (options: ``KindOptions``)."""
 
         def register(handler: Handler) -> Handler:
-            self.add(name, handler, timeout=timeout, non_retryable=non_retryable)
+            self.add(name, handler, timeout=timeout, non_retryable=non_retryable, max_retries=max_retries,
+                     retry_backoff=retry_backoff, queue=queue, payload=payload)
             return handler
 
         return register
 
     def add(
         self, name: str, handler: Handler, *, timeout: float | None = None,
-        non_retryable: tuple[type[BaseException], ...] = (),
+        non_retryable: tuple[type[BaseException], ...] = (), max_retries: int | None = None,
+        retry_backoff: float | None = None, queue: str | None = None, payload: type | None = None,
     ) -> None:
         """Register ``handler`` for ``name`` (as ``kind`` does, without decorating)."""
         if not isinstance(name, str) or not name.strip():
@@ -73,11 +135,16 @@ class Handlers(Mapping[str, Handler]):
             raise TypeError(f"the handler of {name!r} must be callable, got {type(handler).__name__}")
         if name in self._handlers:
             raise ValueError(f"kind {name!r} is registered twice")
+        options = KindOptions(timeout, tuple(non_retryable), max_retries, retry_backoff, queue, payload)
         self._handlers[name] = handler
-        self._options[name] = KindOptions(timeout, tuple(non_retryable))
+        self._options[name] = options
 
     def options(self, kind: str) -> KindOptions:
         return self._options.get(kind, KindOptions())
+
+    def all_options(self) -> dict[str, KindOptions]:
+        """Every registered kind's options (what a ``Queue`` given this table applies)."""
+        return dict(self._options)
 
     def __getitem__(self, kind: str) -> Handler:
         return self._handlers[kind]

@@ -177,15 +177,24 @@ class _WorkerRun:
 
     async def serve(self) -> None:
         worker, settings = self.worker, self.settings
-        await retry_database(
-            lambda: self.store.register_worker(worker.id, socket.gethostname(), os.getpid(), settings.queues),
-            what="registering the worker", stop=worker._stopping,
-        )
+        try:
+            await retry_database(
+                lambda: self.store.register_worker(worker.id, socket.gethostname(), os.getpid(), settings.queues),
+                what="registering the worker", stop=worker._stopping,
+            )
+        except Stopped:  # stopped before it started: nothing was claimed, nothing to wait for
+            log.info("worker %s stopped before it registered", worker.id)
+            return
         log.info(
             "worker %s started: queues=%s concurrency=%d notifications=%s",
             worker.id, ",".join(settings.queues), settings.concurrency,
             "on" if settings.notifications else "off",
         )
+        for kind, options in sorted(worker.kind_options.items()):
+            if options.queue is not None and options.queue not in settings.queues:
+                log.warning("kind %r enqueues into queue %r, which this worker does not claim (queues=%s): "
+                            "run a worker with --queues %s", kind, options.queue, ",".join(settings.queues),
+                            ",".join((*settings.queues, options.queue)))
         self._start_side(self._completer_loop(), "completer")
         self._start_side(self._enforce_timeouts(), "timeouts")
         self._start_side(self.progress.run(self.side_stop), "progress")
