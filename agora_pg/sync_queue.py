@@ -13,7 +13,7 @@ import functools
 import os
 import re
 import threading
-from collections.abc import Coroutine, Iterable, Iterator, Sequence
+from collections.abc import Coroutine, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -60,7 +60,9 @@ def _rows_from_cursor(cursor: Any) -> list[dict[str, Any]]:
     if cursor.description is None:
         return []
     names = [column[0] for column in cursor.description]
-    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+    # (a connection the caller gave may have a row factory of its own: dict_row, namedtuple_row)
+    return [dict(row) if isinstance(row, Mapping) else dict(zip(names, row, strict=True))
+            for row in cursor.fetchall()]
 
 
 def _sync_fetch(connection: Any) -> Any:

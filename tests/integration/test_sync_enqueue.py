@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import psycopg
+from psycopg.rows import dict_row
 import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.orm import Session
@@ -72,7 +73,7 @@ def test_a_job_enqueued_in_a_rolled_back_psycopg_transaction_leaves_nothing(
             connection.rollback()
         assert _count(database_url) == 0
         assert list(listener.notifies(timeout=0.3, stop_after=1)) == []  # nothing woke a worker
-        with psycopg.connect(database_url) as connection:
+        with psycopg.connect(database_url, row_factory=dict_row) as connection:  # a row factory of the caller's
             with connection.transaction():
                 kept = sync_queue.enqueue_many([JobSpec("send_email", {"i": i}) for i in range(3)],
                                                connection=connection)
