@@ -1,7 +1,8 @@
 """The example worker module: ``agora-pg worker --module worker``.
 
 This is the composition root: job handlers are registered in ``HANDLERS`` (plain
-handlers, and job families from ``families/`` through a ``FamilyRegistry``), the
+handlers, and job families from ``families/`` through a ``FamilyRegistry``) and on
+the ``handlers`` table that extends it (kinds with options: a typed payload), the
 resources they share are built once when the worker starts, and scheduled
 pipelines are registered on the WorkerPool that ``get_worker()`` returns.
 """
@@ -17,7 +18,7 @@ from typing import Any
 
 from datetime import UTC, datetime, timedelta
 
-from agora_pg import Job, Worker, job_context
+from agora_pg import Handlers, Job, Worker, job_context
 from agora_pg.families import FamilyRegistry
 from agora_pg.runner import Schedule, ScheduledPipeline, WorkerPool
 from families.appointment_reminder import register_appointment_reminder
@@ -65,6 +66,24 @@ HANDLERS: dict[str, Any] = {
     # add yours here
 }
 
+# The seed's table, plus kinds registered with options by a decorator.
+handlers = Handlers(HANDLERS)
+
+
+@dataclasses.dataclass
+class Terms:
+    """A typed payload: POST /jobs checks it (a 400 naming the field), the handler gets a Terms."""
+
+    a: float
+    b: float
+
+
+@handlers.kind("add", payload=Terms, max_retries=0, timeout=5)
+async def add(job: Job, resources: Resources) -> float:
+    """Return the sum: the job's result (GET /jobs/{id}, ``await queue.wait(job.id)``)."""
+    terms: Terms = job.payload
+    return terms.a + terms.b
+
 
 @contextlib.asynccontextmanager
 async def lifespan() -> AsyncIterator[Resources]:
@@ -92,7 +111,7 @@ async def build_heartbeat() -> Heartbeat:
 
 def get_worker() -> WorkerPool:
     pool = WorkerPool(health_port=8080, graceful_shutdown_timeout=30.0)
-    pool.register(Worker(HANDLERS, lifespan=lifespan))
+    pool.register(Worker(handlers, lifespan=lifespan))
     pool.register(
         ScheduledPipeline(
             factory=build_heartbeat,

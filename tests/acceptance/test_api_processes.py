@@ -117,6 +117,13 @@ async def test_dev_runs_api_and_worker_until_ctrl_c(database_url: str, processes
     async with httpx.AsyncClient(base_url=base, timeout=10) as client:
         job = (await client.post("/jobs", json={"kind": "echo", "payload": {"message": "from dev"}})).json()
         await wait_status(client, job["id"], "done")
+        # the API knows worker.py's kinds: a typed payload is checked, and the result comes back
+        refused = await client.post("/jobs", json={"kind": "add", "payload": {"a": 1, "b": "two"}})
+        assert refused.status_code == 400 and refused.json()["field"] == "payload.b", refused.text
+        summed = (await client.post("/jobs", json={"kind": "add", "payload": {"a": 1, "b": 2.5}})).json()
+        assert summed["max_retries"] == 0  # the kind's
+        await wait_status(client, summed["id"], "done")
+        assert (await client.get(f"/jobs/{summed['id']}")).json()["result"] == 3.5
         runs = (await client.get("/runs", params={"job_id": job["id"]})).json()["items"]
         assert [run["status"] for run in runs] == ["succeeded"]
         metrics = (await client.get("/metrics")).text
