@@ -8,8 +8,11 @@ import re
 import urllib.request
 from typing import Any
 
+from prometheus_client import CollectorRegistry, generate_latest
+
 from agora_pg import Fail, Job, Queue, Settings, Worker
 from agora_pg.runner import Schedule, ScheduledPipeline, WorkerPool
+from agora_pg.runtime.process_metrics import PROCESS_METRICS
 
 from .helpers import wait_until
 
@@ -47,6 +50,13 @@ async def _scrape(port: int) -> str:
     return await asyncio.to_thread(get)
 
 
+def _process_metrics() -> str:
+    """This process's counters and histograms, as its health server renders them."""
+    registry = CollectorRegistry()
+    registry.register(PROCESS_METRICS)
+    return str(generate_latest(registry).decode())
+
+
 def _value(text: str, series: str) -> float:
     """The value of one series (name and labels exactly as rendered), 0 when absent."""
     match = re.search(rf"^{re.escape(series)} (\S+)$", text, re.MULTILINE)
@@ -63,12 +73,12 @@ async def test_the_health_servers_metrics_count_outcomes_durations_waits_and_sch
     worker = Worker({"quick": quick, "refuse": refuse}, settings=settings.replace(queues=("metrics",)))
     pool = WorkerPool(health_port=0, settings=settings).register(worker).register(
         ScheduledPipeline(Tick(), Schedule.every(seconds=1), "metrics-tick"))
+    before = _process_metrics()  # (the process's counters may hold other tests' jobs), before any job runs
     task = asyncio.create_task(pool.run(handle_signals=False))
     try:
         await wait_until(lambda: _has_port(pool), timeout=10)
         assert pool.health is not None
         port = pool.health.port
-        before = await _scrape(port)  # (the process's counters may hold other tests' jobs)
         done = 'agora_jobs_completed_total{kind="quick",outcome="succeeded",queue="metrics"}'
         failed = 'agora_jobs_completed_total{kind="refuse",outcome="failed",queue="metrics"}'
         unknown = 'agora_jobs_completed_total{kind="(unregistered)",outcome="failed",queue="metrics"}'
