@@ -20,6 +20,11 @@ class DatabaseUnavailable(AgoraError):
     """The database could not be reached or started."""
 
 
+class ConnectionLost(DatabaseUnavailable):
+    """A connection that was open broke during a call (the server ended its session,
+    restarted, or the network dropped): the database was reachable a moment ago."""
+
+
 class TransientDatabaseError(DatabaseUnavailable):
     """An error the server reports that a retry resolves: a deadlock or serialization
     failure, a cancelled statement, a lock timeout, too many connections, a server

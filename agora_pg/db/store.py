@@ -40,6 +40,7 @@ from agora_pg.db.schedule_rows import (
 from agora_pg.db.job_rows import JobFinish, LeaseRenewal, Promotion
 from agora_pg.db.run_rows import MetricsSnapshot, RunRow, oldest_due_by_queue
 from agora_pg.errors import (
+    ConnectionLost,
     DatabaseUnavailable,
     InvalidTransition,
     JobConflict,
@@ -121,29 +122,33 @@ class Store:
             # likely dead too, so drop them all rather than fail once per connection.
             await sa_connection.invalidate()
             await self._engine.dispose(close=False)
-            raise self._unavailable(error) from error
+            raise self._unavailable(error, lost=True) from error
         finally:
             await sa_connection.close()
 
     @contextlib.asynccontextmanager
     async def connection(self) -> AsyncIterator[asyncpg.Connection]:
-        """An asyncpg connection. A lost connection becomes ``DatabaseUnavailable`` (the
+        """An asyncpg connection. A connection that cannot be had becomes
+        ``DatabaseUnavailable``, one that breaks while in use ``ConnectionLost`` (the
         broken connection is discarded), a server error a retry resolves becomes
         ``TransientDatabaseError``, a missing schema ``SchemaNotReady``."""
+        in_use = False  # a connection was handed out: a failure now is one that broke
         try:
             if self._own is None:
                 async with self._sa_connection() as sa_connection:
                     raw = await sa_connection.get_raw_connection()
+                    in_use = True
                     yield raw.driver_connection
             else:
                 async with self._own.acquire() as connection:
+                    in_use = True
                     if self.database.transaction_pooling:  # parse and execute on one server connection
                         async with connection.transaction():
                             yield connection
                     else:
                         yield connection
         except CONNECTION_ERRORS as error:
-            raise self._unavailable(error) from error
+            raise self._unavailable(error, lost=in_use) from error
         except asyncpg.PostgresError as error:
             if is_transient(error):
                 raise TransientDatabaseError(
@@ -164,12 +169,15 @@ class Store:
             async with sa_connection.begin():
                 await sa_connection.run_sync(function)
 
-    def _unavailable(self, error: BaseException) -> DatabaseUnavailable:
+    def _unavailable(self, error: BaseException, *, lost: bool = False) -> DatabaseUnavailable:
+        """The error to raise for ``error``: ``ConnectionLost`` if ``lost`` (it broke an
+        open connection) and it is not a call past its deadline."""
         reason = error.orig if isinstance(error, sqlalchemy.exc.DBAPIError) and error.orig else error
         text = str(reason) or type(reason).__name__
         if isinstance(reason, TimeoutError):
-            text = f"no answer within {self.timeout:g}s"
-        return DatabaseUnavailable(f"cannot use the database at {self.database.display_url}: {text}")
+            text, lost = f"no answer within {self.timeout:g}s", False
+        kind = ConnectionLost if lost else DatabaseUnavailable
+        return kind(f"cannot use the database at {self.database.display_url}: {text}")
 
     async def _execute(self, sql: str, *args: Any) -> None:
         async with self.connection() as connection:

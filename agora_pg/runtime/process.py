@@ -4,6 +4,7 @@ warning about misspelled settings."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import os
@@ -13,7 +14,7 @@ from collections.abc import Mapping
 
 from agora_pg.db.migrate import head_revisions
 from agora_pg.db.store import Store
-from agora_pg.errors import SchemaNotReady
+from agora_pg.errors import ConnectionLost, SchemaNotReady, TransientDatabaseError
 from agora_pg.settings import unknown_variables
 
 log = logging.getLogger("agora_pg")
@@ -42,9 +43,29 @@ def new_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
 
 
-async def check_schema(store: Store) -> None:
-    """Raise ``SchemaNotReady`` unless the database is migrated to head."""
-    applied = await store.schema_versions()
+# How often the start-up schema check is tried when the server answered but the call
+# broke (its session was terminated, a transient error): a database that cannot be
+# reached at all fails the start at once, with one line.
+SCHEMA_CHECK_ATTEMPTS = 5
+
+
+async def check_schema(store: Store, *, attempts: int = SCHEMA_CHECK_ATTEMPTS) -> None:
+    """Raise ``SchemaNotReady`` unless the database is migrated to head.
+
+    A connection lost during the check, or a transient server error, is retried up
+    to ``attempts`` times in all (pauses of 0.2 s doubling); a database that cannot be
+    reached raises ``DatabaseUnavailable`` at once."""
+    pause = ErrorWait(0.2)
+    for attempt in range(1, attempts + 1):
+        try:
+            applied = await store.schema_versions()
+            break
+        except (ConnectionLost, TransientDatabaseError) as error:
+            if attempt == attempts:
+                raise
+            delay = pause.next()
+            log.warning("checking the schema: %s; retrying in %.1fs", error, delay)
+            await asyncio.sleep(delay)
     head = head_revisions()
     if applied != head:
         state = "not migrated" if not applied else f"at {', '.join(sorted(applied))}"

@@ -116,6 +116,11 @@ def alive(process: subprocess.Popen[bytes]) -> bool:
     return process.poll() is None
 
 
+def exit_output(process: subprocess.Popen[bytes]) -> str:
+    """What a process that has exited printed."""
+    return process.communicate(timeout=10)[0].decode(errors="replace")
+
+
 # -- a claim whose reply is lost -----------------------------------------------------------
 
 
@@ -207,7 +212,7 @@ async def test_a_stall_longer_than_the_lease_never_runs_a_job_or_a_pipeline_twic
         await eventually(lambda: _pipeline_ended(ledger_dir), 60, "a pipeline run ending after the restart")
         for process in workers + pools:
             if not alive(process):
-                output = process.communicate(timeout=10)[0].decode(errors="replace")
+                output = exit_output(process)
                 raise AssertionError(f"a process exited with {process.returncode}:\n{output[-6000:]}")
             code, output = stop(process)
             assert code == 0, output[-5000:]
@@ -282,7 +287,7 @@ async def test_a_worker_keeps_draining_while_its_backends_are_killed(
     try:
         while not await all_done(database_url, 600):
             assert time.monotonic() < deadline, "the drain did not finish"
-            assert all(alive(w) for w in workers), [stop(w)[1][-3000:] for w in workers if not alive(w)]
+            assert all(alive(w) for w in workers), [exit_output(w)[-3000:] for w in workers if not alive(w)]
             strikes += await killer.fetchval(
                 f"SELECT count({function}(pid)) FROM pg_stat_activity "
                 "WHERE datname = current_database() AND pid <> pg_backend_pid()"
@@ -292,7 +297,7 @@ async def test_a_worker_keeps_draining_while_its_backends_are_killed(
         await killer.close()
     assert strikes > 0
     for worker in workers:
-        assert alive(worker)
+        assert alive(worker), f"a worker exited with {worker.returncode}:\n{exit_output(worker)[-5000:]}"
         code, output = stop(worker)
         assert code == 0, output[-3000:]
         assert "stopped unexpectedly" not in output and "crashed" not in output

@@ -12,11 +12,14 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import asyncpg
 import pytest
 
 from agora_pg import Fail, Handlers, Job, JobStatus, Queue, Retry, Settings, Worker
 from agora_pg.db.store import Store
-from agora_pg.errors import DatabaseUnavailable
+from agora_pg.db.connect import Database
+from agora_pg.errors import ConnectionLost, DatabaseUnavailable
+from agora_pg.runtime.process import check_schema
 from agora_pg.worker.job_rescuer import JobRescuer
 
 from .helpers import running, serving, wait_until
@@ -399,3 +402,34 @@ async def test_a_worker_runs_one_job_with_lost_attempts_at_a_time(queue: Queue, 
     for job in suspects:
         done = await store.get_job(job.id)
         assert (done.status, done.lost_count) == (JobStatus.DONE, 1)  # given back uncounted while another ran
+
+
+async def test_the_start_up_schema_check_outlives_a_terminated_session_but_not_an_unreachable_server(
+    store: Store, database_url: str
+) -> None:
+    async with store.connection() as connection:  # an idle pooled connection, then its session ended
+        pid = await connection.fetchval("SELECT pg_backend_pid()")
+    killer = await asyncpg.connect(database_url)
+    try:
+        assert await killer.fetchval("SELECT pg_terminate_backend($1)", pid)
+    finally:
+        await killer.close()
+    with pytest.raises(ConnectionLost):  # what the check meets first
+        await check_schema(store, attempts=1)
+    async with store.connection() as connection:
+        pid = await connection.fetchval("SELECT pg_backend_pid()")
+    killer = await asyncpg.connect(database_url)
+    try:
+        await killer.fetchval("SELECT pg_terminate_backend($1)", pid)
+    finally:
+        await killer.close()
+    await check_schema(store)  # retried on a fresh connection: passes
+    unreachable = Store.open(Database("postgresql://postgres@127.0.0.1:1/nowhere"), timeout=5)
+    try:
+        started = time.monotonic()
+        with pytest.raises(DatabaseUnavailable) as raised:
+            await check_schema(unreachable)
+        assert not isinstance(raised.value, ConnectionLost)
+        assert time.monotonic() - started < 2  # not retried: a wrong URL fails the start at once
+    finally:
+        await unreachable.close()
