@@ -404,26 +404,50 @@ async def test_a_worker_runs_one_job_with_lost_attempts_at_a_time(queue: Queue, 
         assert (done.status, done.lost_count) == (JobStatus.DONE, 1)  # given back uncounted while another ran
 
 
+async def _terminated_mid_call(store: Store, database_url: str) -> None:
+    """Run a statement on one of ``store``'s connections and end its session meanwhile."""
+    async def terminate_soon() -> None:
+        killer = await asyncpg.connect(database_url)
+        try:
+            for _ in range(100):
+                if await killer.fetchval(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND query = 'SELECT pg_sleep(30)' AND state = 'active'"
+                ):
+                    return
+                await asyncio.sleep(0.05)
+        finally:
+            await killer.close()
+
+    terminator = asyncio.create_task(terminate_soon())
+    try:
+        async with store.connection() as connection:
+            await connection.execute("SELECT pg_sleep(30)")
+    finally:
+        await terminator
+
+
 async def test_the_start_up_schema_check_outlives_a_terminated_session_but_not_an_unreachable_server(
-    store: Store, database_url: str
+    store: Store, database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async with store.connection() as connection:  # an idle pooled connection, then its session ended
-        pid = await connection.fetchval("SELECT pg_backend_pid()")
-    killer = await asyncpg.connect(database_url)
-    try:
-        assert await killer.fetchval("SELECT pg_terminate_backend($1)", pid)
-    finally:
-        await killer.close()
-    with pytest.raises(ConnectionLost):  # what the check meets first
+    with pytest.raises(ConnectionLost):  # a session ended under a call: the server was there
+        await _terminated_mid_call(store, database_url)
+    real_schema_versions = store.schema_versions
+    calls = 0
+
+    async def first_call_terminated() -> set[str]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            await _terminated_mid_call(store, database_url)
+        return await real_schema_versions()
+
+    monkeypatch.setattr(store, "schema_versions", first_call_terminated)
+    with pytest.raises(ConnectionLost):
         await check_schema(store, attempts=1)
-    async with store.connection() as connection:
-        pid = await connection.fetchval("SELECT pg_backend_pid()")
-    killer = await asyncpg.connect(database_url)
-    try:
-        await killer.fetchval("SELECT pg_terminate_backend($1)", pid)
-    finally:
-        await killer.close()
-    await check_schema(store)  # retried on a fresh connection: passes
+    calls = 0
+    await check_schema(store)  # tried again on a fresh connection: passes
+    assert calls == 2
     unreachable = Store.open(Database("postgresql://postgres@127.0.0.1:1/nowhere"), timeout=5)
     try:
         started = time.monotonic()
