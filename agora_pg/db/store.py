@@ -132,12 +132,11 @@ class Store:
         ``DatabaseUnavailable``, one that breaks while in use ``ConnectionLost`` (the
         broken connection is discarded), a server error a retry resolves becomes
         ``TransientDatabaseError``, a missing schema ``SchemaNotReady``."""
-        in_use = False  # a connection was handed out: a failure now is one that broke
+        in_use = False  # one of our own connections was handed out: a failure now is one that broke
         try:
             if self._own is None:
                 async with self._sa_connection() as sa_connection:
-                    raw = await sa_connection.get_raw_connection()
-                    in_use = True
+                    raw = await sa_connection.get_raw_connection()  # (_sa_connection says ConnectionLost itself)
                     yield raw.driver_connection
             else:
                 async with self._own.acquire() as connection:
