@@ -3,13 +3,15 @@
     python -m benchmarks.heartbeat_cost [--workers 100] [--jobs-per-worker 500] [--rounds 5]
         [--lease-seconds 30] [--database-url URL]
 
-A scratch database gets W worker rows and W x J jobs in ``processing``, each leased to
-its worker. One round is what the lease supervisors of all W workers send in one renewal
+A scratch database gets W worker rows, each with a live worker lease, and W x J jobs in
+``processing``, each claimed under its worker's lease (no lease of its own, as a claim
+leaves it). One round is what the lease supervisors of all W workers send in one renewal
 interval (``lease_seconds / RENEWALS_PER_LEASE``): W ``RENEW_LEASES`` statements (the statement of
 ``Store.renew_leases``), each naming its worker's J ``(id, attempt)`` tokens,
 over 10 connections. Measured per round: the CPU time of the server processes that ran
 the statements (from ``/proc/<backend pid>/stat``, so the server must run on this host),
-the WAL written (``pg_current_wal_lsn``), and how many of the job updates were HOT. The
+the WAL written (``pg_current_wal_lsn``), and how many job rows were updated (and how many
+of those updates were HOT). The
 share is that CPU time over the renewal interval, for one core and for all of them.
 """
 
@@ -50,14 +52,15 @@ async def measure(database_url: str, workers: int, jobs_per_worker: int, rounds:
     async with scratch_database(settings) as (database, store):
         async with store.connection() as connection:
             await connection.execute(
-                "INSERT INTO agora.workers (id, hostname, pid, queues) "
-                "SELECT 'w' || n, 'bench', n, '{default}' FROM generate_series(1, $1::int) AS n",
+                "INSERT INTO agora.workers (id, hostname, pid, queues, lease_expires_at) "
+                "SELECT 'w' || n, 'bench', n, '{default}', now() + interval '30 seconds' "
+                "FROM generate_series(1, $1::int) AS n",
                 workers,
             )
             await connection.execute(
                 """
-                INSERT INTO agora.jobs (name, kind, status, locked_by, attempt, started_at, lease_expires_at)
-                SELECT 'bench', 'noop', 'processing', 'w' || (1 + n % $1::int), 1, now(), now() + interval '30 seconds'
+                INSERT INTO agora.jobs (name, kind, status, locked_by, attempt, started_at)
+                SELECT 'bench', 'noop', 'processing', 'w' || (1 + n % $1::int), 1, now()
                 FROM generate_series(0, $1::int * $2::int - 1) AS n
                 """,
                 workers, jobs_per_worker,
@@ -93,8 +96,8 @@ async def measure(database_url: str, workers: int, jobs_per_worker: int, rounds:
                             queries.RENEW_LEASES, worker_id, lease_seconds,
                             [token[0] for token in held_by], [token[1] for token in held_by], [], [],
                         )
-                        if row["lost_job_ids"]:
-                            raise RuntimeError(f"{worker_id} lost {len(row['lost_job_ids'])} leases")
+                        if row["lost_job_ids"] or row["unknown_job_ids"] or not row["worker_renewed"]:
+                            raise RuntimeError(f"{worker_id}'s renewal went wrong: {dict(row)}")
 
                 await asyncio.gather(*(renew_from(connection) for connection in connections))
                 wall = time.perf_counter() - started

@@ -17,6 +17,13 @@ JOB_COLUMNS = (
     "max_retries, error_message, dedup_key, created_at, started_at, finished_at, locked_by, "
     "lease_expires_at, attempt, lost_count, timeout_seconds, cancel_requested_at, progress::text AS progress"
 )
+# The same for reading a job: a running job's lease is its worker's
+# (agora.workers.lease_expires_at) unless the job has one of its own.
+JOB_READ_COLUMNS = JOB_COLUMNS.replace(
+    "lease_expires_at,",
+    "COALESCE(lease_expires_at, CASE WHEN status = 'processing' THEN "
+    "(SELECT w.lease_expires_at FROM agora.workers AS w WHERE w.id = locked_by) END) AS lease_expires_at,",
+)
 # What an insert returns: only what the database chose. Everything else is what the
 # caller just sent (for 5,000-row batches, sending all 18 columns back and decoding
 # them was a third of the time).
@@ -92,7 +99,7 @@ ORDER BY j.id
 # -- reading and cancelling ----------------------------------------------------
 
 # One job by id.
-SELECT_JOB = f"SELECT {JOB_COLUMNS} FROM agora.jobs WHERE id = $1"
+SELECT_JOB = f"SELECT {JOB_READ_COLUMNS} FROM agora.jobs WHERE id = $1"
 
 # Cancel job $1: one that has not started (pending, or failed and waiting for a retry)
 # becomes cancelled; a running one is marked for its worker, which is woken on
@@ -114,16 +121,24 @@ SELECT {JOB_COLUMNS} FROM running
 
 # -- claiming and finishing --------------------------------------------------
 
+# A job claimed by a worker whose worker lease is live is covered by that lease (no lease
+# of its own: the renewal then writes only the worker's row); a worker without one (its
+# first renewal has not run, its lease passed, or it is of an earlier version) gives the
+# job a lease of its own of $4 seconds, which the renewal folds into the worker's lease.
+# (The subquery names no column of the row: it runs once per statement.)
+_JOB_LEASE = """CASE WHEN (SELECT w.lease_expires_at FROM agora.workers AS w WHERE w.id = {worker}) > now() THEN NULL
+                        ELSE now() + make_interval(secs => {seconds}) END"""
+
 _CLAIM_UPDATE = f"""
 UPDATE agora.jobs AS j
 SET status = 'processing', started_at = now(), finished_at = NULL, locked_by = $3,
-    lease_expires_at = now() + make_interval(secs => $4), attempt = j.attempt + 1,
+    lease_expires_at = {_JOB_LEASE.format(worker="$3", seconds="$4")}, attempt = j.attempt + 1,
     cancel_requested_at = NULL, progress = NULL
 FROM next WHERE j.id = next.id
 RETURNING {", ".join("j." + c.strip() for c in JOB_COLUMNS.split(","))}
 """
 
-# Claim up to $2 due jobs of queue $1 for worker $3, with a lease of $4 seconds.
+# Claim up to $2 due jobs of queue $1 for worker $3, with a lease of $4 seconds (see _JOB_LEASE).
 # `queue = $1` (not `= ANY(...)`) lets the scan read jobs_claimable_idx in its order
 # and stop after $2 rows; with ANY, PostgreSQL fetches every due row and sorts them.
 # Delayed jobs are not in that index (PROMOTE_DUE_JOBS moves them in once due), so
@@ -199,8 +214,8 @@ SELECT id, pg_notify('agora_jobs', queue) FROM released
 # The fence of every outcome is (id, attempt, locked_by = this worker): locked_by is set
 # only while a job is processing and cleared by every way out of it. It is written that
 # way rather than with status = 'processing' because that predicate matches the partial
-# jobs_lease_idx, and with statistics taken while nothing ran the planner drove the join
-# from that index, rescanning the id array per row (quadratic: 75 ms for 500 jobs).
+# indexes of running jobs (jobs_locked_by_idx, jobs_lease_idx), and with statistics taken
+# while nothing ran the planner drove the join from such an index, rescanning the id array per row (quadratic: 75 ms for 500 jobs).
 
 # Mark attempts (id, attempt) done and record their runs (with the attempt's last progress
 # report and the handler's result, JSON text or NULL); returns the ids that were still
@@ -288,23 +303,43 @@ SELECT id, pg_notify('agora_jobs', queue) FROM released
 """
 
 # Worker $1 takes up the jobs it holds without knowing it ($2: the ids it knows): a claim
-# that committed but whose reply was lost. Their lease is renewed for $3 seconds.
+# that committed but whose reply was lost. Their lease becomes the worker's, or one of
+# their own of $3 seconds (as a claim's).
 ADOPT_UNKNOWN_JOBS = f"""
-UPDATE agora.jobs AS j SET lease_expires_at = now() + make_interval(secs => $3)
+UPDATE agora.jobs AS j SET lease_expires_at = {_JOB_LEASE.format(worker="$1", seconds="$3")}
 WHERE j.locked_by = $1 AND j.status = 'processing' AND NOT (j.id = ANY($2::bigint[]))
 RETURNING {JOB_COLUMNS}
 """
 
-# Take back processing jobs whose lease expired: a lost attempt (lost_count + 1), due again at
-# once until lost_count reaches $1 (WORKER_MAX_LOST_ATTEMPTS), then failed for good; $2 is the
-# default max_retries.
+# Take back processing jobs whose lease passed: the jobs of workers whose worker lease
+# passed, and jobs with a lease of their own that passed (up to $3 of each). Each is a lost
+# attempt (lost_count + 1), due again at once until lost_count reaches $1
+# (WORKER_MAX_LOST_ATTEMPTS), then failed for good; $2 is the default max_retries. A
+# worker's jobs are looked up per worker whose lease passed (a nested loop over
+# jobs_locked_by_idx, never a scan of every running job). The worker's row is locked too
+# (shared: rescuers do not exclude each other), so a renewal in flight is not overtaken:
+# the worker is skipped, or its row is read again as renewed.
 RESCUE_EXPIRED = """
-WITH lost AS (
+WITH lost_with_worker AS (
+    SELECT j.id, w.id AS locked_by, w.lease_expires_at
+    FROM agora.workers AS w
+    CROSS JOIN LATERAL (
+        SELECT id FROM agora.jobs
+        WHERE locked_by = w.id AND status = 'processing' AND lease_expires_at IS NULL
+        LIMIT $3
+        FOR UPDATE SKIP LOCKED
+    ) AS j
+    WHERE w.lease_expires_at < now()
+    LIMIT $3
+    FOR SHARE OF w SKIP LOCKED
+), lost_on_their_own AS (
     SELECT id, locked_by, lease_expires_at FROM agora.jobs
     WHERE status = 'processing' AND lease_expires_at < now()
     ORDER BY lease_expires_at
     LIMIT $3
     FOR UPDATE SKIP LOCKED
+), lost AS (
+    SELECT * FROM lost_with_worker UNION ALL SELECT * FROM lost_on_their_own
 ), rescued AS (
     UPDATE agora.jobs AS j
     SET status = CASE WHEN j.lost_count + 1 >= $1 THEN 'failed' ELSE 'pending' END,
@@ -335,30 +370,37 @@ INSERT_WORKER = """
 INSERT INTO agora.workers (id, hostname, pid, queues) VALUES ($1, $2, $3, $4::text[])
 """
 
-# The lease supervisor's renewal: worker $1 is alive, and exactly the leases it holds
-# (job attempts ($3 ids, $4 attempts), pipeline runs ($5 pipeline ids, $6 run ids)) are
-# extended by $2 seconds. Returns the ones it no longer holds (lost: taken over or
-# rescued) and the job attempts whose cancel was asked for, as (id, attempt) pairs. Job and
-# schedule rows locked right now are being finished by this worker: skipped rather than
-# waited for (no deadlock with that statement; waiting, a renewal that met a batch of run
-# finishes found those runs gone and stopped them as lost), and not lost (the snapshot
-# still shows them held). A renewed job is looked
-# up once (its cancel comes back from the update); only the unrenewed are looked up again
-# (16 % less server CPU per renewal than three lookups per job: benchmarks/heartbeat_cost.py).
+# The lease supervisor's renewal: worker $1 is alive, its worker lease (which covers
+# the jobs it runs) and exactly the pipeline-run leases it holds ($5 pipeline ids, $6 run
+# ids) are extended by $2 seconds. Its job rows are only read, through jobs_locked_by_idx:
+# of the job attempts it holds ($3 ids, $4 attempts) it learns which it lost (rescued or
+# taken over: no longer processing under its name) and whose cancel was asked for; of the
+# jobs held in its name it learns which it does not know of (unknown: a claim that
+# committed but whose reply was lost, started over a second ago). Held jobs that still have a lease of
+# their own (claimed before the worker lease was live) are folded into the worker lease.
+# Rows locked right now are being finished by this worker: skipped rather than waited for
+# (no deadlock with that statement; waiting, a renewal that met a batch of run finishes
+# found those runs gone and stopped them as lost), and not lost (the snapshot still shows
+# them held). One round of 100 workers x 500 running jobs: 6x less server CPU and 1,300x
+# less WAL than an update of every job row (benchmarks/heartbeat_cost.py).
 RENEW_LEASES = """
 WITH worker AS (
-    UPDATE agora.workers SET last_heartbeat_at = now() WHERE id = $1
+    UPDATE agora.workers SET last_heartbeat_at = now(), lease_expires_at = now() + make_interval(secs => $2)
+    WHERE id = $1
+    RETURNING id
 ), wanted AS (
     SELECT * FROM unnest($3::bigint[], $4::int[]) AS t(id, attempt)
-), held AS (
-    SELECT j.id FROM agora.jobs AS j JOIN wanted ON j.id = wanted.id AND j.attempt = wanted.attempt
-    WHERE j.locked_by = $1
-    ORDER BY j.id
+), mine AS MATERIALIZED (
+    SELECT id, attempt, started_at, cancel_requested_at, lease_expires_at FROM agora.jobs
+    WHERE locked_by = $1 AND status = 'processing'
+), own_leases AS (
+    SELECT j.id FROM agora.jobs AS j
+    JOIN mine ON mine.id = j.id AND mine.lease_expires_at IS NOT NULL
+    JOIN wanted ON wanted.id = mine.id AND wanted.attempt = mine.attempt
+    WHERE j.locked_by = $1 AND j.status = 'processing' AND j.attempt = wanted.attempt AND EXISTS (SELECT 1 FROM worker)
     FOR UPDATE OF j SKIP LOCKED
-), renewed AS (
-    UPDATE agora.jobs AS j SET lease_expires_at = now() + make_interval(secs => $2)
-    FROM held WHERE j.id = held.id
-    RETURNING j.id, j.attempt, j.cancel_requested_at
+), folded AS (
+    UPDATE agora.jobs AS j SET lease_expires_at = NULL FROM own_leases WHERE j.id = own_leases.id
 ), runs_wanted AS (
     SELECT * FROM unnest($5::text[], $6::bigint[]) AS t(pipeline_id, run_id)
 ), runs_held AS (
@@ -370,11 +412,14 @@ WITH worker AS (
     UPDATE agora.schedules AS s SET lease_expires_at = now() + make_interval(secs => $2)
     FROM runs_held WHERE s.pipeline_id = runs_held.pipeline_id
     RETURNING s.pipeline_id
-), unrenewed AS (
-    SELECT w.id, w.attempt FROM wanted AS w WHERE w.id NOT IN (SELECT id FROM renewed)
 )
 SELECT lost.ids AS lost_job_ids, lost.attempts AS lost_job_attempts,
        cancel.ids AS cancel_job_ids, cancel.attempts AS cancel_job_attempts,
+       ARRAY(SELECT m.id FROM mine AS m
+             WHERE m.started_at < now() - interval '1 second'
+               AND NOT EXISTS (SELECT 1 FROM wanted AS w WHERE w.id = m.id)
+             ORDER BY m.id) AS unknown_job_ids,
+       EXISTS (SELECT 1 FROM worker) AS worker_renewed,
        ARRAY(SELECT t.pipeline_id FROM runs_wanted AS t
              WHERE t.pipeline_id NOT IN (SELECT pipeline_id FROM runs_renewed) AND NOT EXISTS (
                  SELECT 1 FROM agora.schedules AS s
@@ -383,13 +428,12 @@ SELECT lost.ids AS lost_job_ids, lost.attempts AS lost_job_attempts,
 FROM (
     SELECT coalesce(array_agg(w.id ORDER BY w.id, w.attempt), '{}') AS ids,
            coalesce(array_agg(w.attempt ORDER BY w.id, w.attempt), '{}') AS attempts
-    FROM unrenewed AS w WHERE NOT EXISTS (
-        SELECT 1 FROM agora.jobs AS j WHERE j.id = w.id AND j.attempt = w.attempt AND j.locked_by = $1
-    )
+    FROM wanted AS w WHERE NOT EXISTS (SELECT 1 FROM mine AS m WHERE m.id = w.id AND m.attempt = w.attempt)
 ) AS lost, (
-    SELECT coalesce(array_agg(r.id ORDER BY r.id), '{}') AS ids,
-           coalesce(array_agg(r.attempt ORDER BY r.id), '{}') AS attempts
-    FROM renewed AS r WHERE r.cancel_requested_at IS NOT NULL
+    SELECT coalesce(array_agg(w.id ORDER BY w.id), '{}') AS ids,
+           coalesce(array_agg(w.attempt ORDER BY w.id), '{}') AS attempts
+    FROM wanted AS w JOIN mine AS m ON m.id = w.id AND m.attempt = w.attempt
+    WHERE m.cancel_requested_at IS NOT NULL
 ) AS cancel
 """
 
@@ -397,12 +441,33 @@ FROM (
 CANCEL_CHANNEL = "agora_cancel"
 CANCEL_JOB = CANCEL_JOB.replace("{cancel_channel}", CANCEL_CHANNEL)
 
-# Record a clean stop.
-STOP_WORKER = "UPDATE agora.workers SET stopped_at = now(), last_heartbeat_at = now() WHERE id = $1"
+# Record a clean stop; a worker that holds no running job gives up its worker lease
+# (one that still does, a job stuck in a thread, keeps it to pass and be rescued).
+STOP_WORKER = """
+UPDATE agora.workers AS w
+SET stopped_at = now(), last_heartbeat_at = now(),
+    lease_expires_at = CASE WHEN EXISTS (
+        SELECT 1 FROM agora.jobs AS j WHERE j.locked_by = w.id AND j.status = 'processing'
+    ) THEN w.lease_expires_at END
+WHERE w.id = $1
+"""
 
-# Forget workers that have not been heard of for $1 seconds.
+# Let go of the worker leases that passed over $1 seconds ago and cover no job (their
+# jobs were rescued), so that the rescue stops looking at them. ($1 is far longer than
+# any claim statement takes: a claim that saw the lease live has committed long before.)
+SETTLE_WORKER_LEASES = """
+UPDATE agora.workers AS w SET lease_expires_at = NULL
+WHERE w.lease_expires_at < now() - make_interval(secs => $1) AND NOT EXISTS (
+    SELECT 1 FROM agora.jobs AS j WHERE j.locked_by = w.id AND j.status = 'processing'
+)
+"""
+
+# Forget workers that have not been heard of for $1 seconds and hold no running job.
 DELETE_STALE_WORKERS = """
-DELETE FROM agora.workers WHERE last_heartbeat_at < now() - make_interval(secs => $1)
+DELETE FROM agora.workers AS w
+WHERE w.last_heartbeat_at < now() - make_interval(secs => $1) AND NOT EXISTS (
+    SELECT 1 FROM agora.jobs AS j WHERE j.locked_by = w.id AND j.status = 'processing'
+)
 """
 
 # -- schema ------------------------------------------------------------------
@@ -630,7 +695,7 @@ def list_jobs(filters: Sequence[str]) -> str:
     """Jobs matching ``filters`` (names of ``JOB_FILTERS``, values passed in that order),
     newest first, at most the last parameter's number of rows."""
     return (
-        f"SELECT {JOB_COLUMNS} FROM agora.jobs {_where(JOB_FILTERS, filters)} "
+        f"SELECT {JOB_READ_COLUMNS} FROM agora.jobs {_where(JOB_FILTERS, filters)} "
         f"ORDER BY id DESC LIMIT ${len(filters) + 1}"
     )
 
@@ -908,7 +973,7 @@ EVENTS_ENQUEUED = _event_source(
     "j.created_at", "j.id", "agora.jobs AS j", _JOB_FILTERS,
 )
 
-# job.started: attempts running now that began at or after $1 (jobs_lease_idx holds the running ones).
+# job.started: attempts running now that began at or after $1 (jobs_locked_by_idx holds the running ones).
 EVENTS_STARTED = _event_source(
     "j.id AS job_id, NULL::bigint AS run_id, NULL::text AS pipeline_id, j.kind, j.queue, j.status AS job_status, "
     "j.attempt, NULL::text AS outcome, NULL::text AS error, NULL::timestamptz AS retry_at, j.locked_by AS worker_id, "

@@ -350,7 +350,7 @@ class Store:
         return Promotion(row["promoted"], row["next_in_seconds"])
 
     async def rescue_expired(self, max_lost_attempts: int, default_max_retries: int, limit: int) -> list[int]:
-        """Take back processing jobs whose lease expired; returns their ids."""
+        """Take back processing jobs whose lease passed (their worker's, or their own); returns their ids."""
         rows = await self._fetch(queries.RESCUE_EXPIRED, max_lost_attempts, default_max_retries, limit)
         return [row["id"] for row in rows]
 
@@ -361,8 +361,9 @@ class Store:
         jobs: Sequence[tuple[int, int]],
         runs: Sequence[tuple[str, int]],
     ) -> LeaseRenewal:
-        """Extend exactly these leases (job ``(id, attempt)``, pipeline ``(id, run_id)``)
-        and the worker's heartbeat; says which are lost and which jobs are to be cancelled."""
+        """Extend the worker's lease (which covers its jobs) and exactly these pipeline-run
+        leases ``(id, run_id)``; of the job attempts ``(id, attempt)`` it holds, says which are
+        lost and which are to be cancelled, and which jobs it holds without listing them."""
         rows = await self._fetch(
             queries.RENEW_LEASES, worker_id, float(lease_seconds),
             [job[0] for job in jobs], [job[1] for job in jobs], [run[0] for run in runs], [run[1] for run in runs],
@@ -372,6 +373,8 @@ class Store:
             lost_jobs=frozenset(zip(row["lost_job_ids"], row["lost_job_attempts"], strict=True)),
             cancel_jobs=frozenset(zip(row["cancel_job_ids"], row["cancel_job_attempts"], strict=True)),
             lost_runs=frozenset(row["lost_runs"]),
+            unknown_jobs=frozenset(row["unknown_job_ids"]),
+            worker_renewed=row["worker_renewed"],
         )
 
     # -- workers -------------------------------------------------------------------
@@ -384,6 +387,10 @@ class Store:
 
     async def delete_stale_workers(self, older_than_seconds: float) -> None:
         await self._execute(queries.DELETE_STALE_WORKERS, float(older_than_seconds))
+
+    async def settle_worker_leases(self, passed_seconds: float) -> None:
+        """Let go of worker leases that passed ``passed_seconds`` ago and cover no job."""
+        await self._execute(queries.SETTLE_WORKER_LEASES, float(passed_seconds))
 
     # -- schedules -------------------------------------------------------------------
 

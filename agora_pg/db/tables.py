@@ -39,6 +39,12 @@ ALIVE = (
 
 metadata = MetaData(schema=SCHEMA)
 
+JOB_LEASE_COMMENT = (
+    "A lease of the job's own (claimed by a worker without a worker lease, such as one of an earlier version): "
+    "once passed, another worker rescues the job. NULL while its worker's lease (agora.workers.lease_expires_at) "
+    "covers it."
+)
+
 jobs = Table(
     "jobs",
     metadata,
@@ -58,7 +64,7 @@ jobs = Table(
     Column("started_at", DateTime(timezone=True), nullable=True, comment="When the latest attempt was claimed."),
     Column("finished_at", DateTime(timezone=True), nullable=True, comment="When the latest attempt ended."),
     Column("locked_by", Text, nullable=True, comment="Id of the worker running the job (agora.workers.id)."),
-    Column("lease_expires_at", DateTime(timezone=True), nullable=True, comment="A processing job whose lease has passed is rescued by another worker."),
+    Column("lease_expires_at", DateTime(timezone=True), nullable=True, comment=JOB_LEASE_COMMENT),
     Column("attempt", Integer, nullable=False, server_default=text("0"), comment="Claim counter and fencing token: completions must name the current attempt."),
     Column("lost_count", Integer, nullable=False, server_default=text("0"), comment="Attempts lost with their worker or cut short at shutdown; WORKER_MAX_LOST_ATTEMPTS of them fail the job."),
     Column("timeout_seconds", Float, nullable=True, comment="Seconds an attempt may run before it is cancelled; NULL takes the kind's or the worker's default."),
@@ -84,7 +90,12 @@ Index(
 )
 Index("jobs_delayed_idx", jobs.c.run_at, postgresql_where=text("delayed"))
 Index("jobs_dedup_key_idx", jobs.c.dedup_key, unique=True, postgresql_where=text(ALIVE))
-Index("jobs_lease_idx", jobs.c.lease_expires_at, postgresql_where=text("status = 'processing'"))
+Index(
+    "jobs_lease_idx",
+    jobs.c.lease_expires_at,
+    postgresql_where=text("status = 'processing' AND lease_expires_at IS NOT NULL"),
+)
+Index("jobs_locked_by_idx", jobs.c.locked_by, postgresql_where=text("status = 'processing'"))
 Index("jobs_created_at_brin", jobs.c.created_at, postgresql_using="brin")
 Index("jobs_cancelled_idx", jobs.c.finished_at, postgresql_where=text("status = 'cancelled'"))
 
@@ -188,5 +199,6 @@ workers = Table(
     Column("started_at", DateTime(timezone=True), nullable=False, server_default=text("now()"), comment="When the worker started."),
     Column("last_heartbeat_at", DateTime(timezone=True), nullable=False, server_default=text("now()"), comment="Last sign of life."),
     Column("stopped_at", DateTime(timezone=True), nullable=True, comment="When the worker stopped cleanly; NULL while running or after a crash."),
+    Column("lease_expires_at", DateTime(timezone=True), nullable=True, comment="Until when the worker's running jobs are its own (renewed by its lease supervisor); after this, other workers rescue them. NULL: the worker holds no worker lease."),
     comment="Worker processes and their heartbeats.",
 )

@@ -1,16 +1,22 @@
 """The lease supervisor: one per process, for job attempts and pipeline runs alike.
 
-Every claim hands back a lease token. The supervisor renews exactly the tokens
-its process holds, in one statement every ``lease_seconds / 3``, from a thread of
-its own with a database connection of its own, so an event loop blocked by a
-handler cannot stop renewals. Renewal results come back to the event loop as
-stop requests:
+Every claim hands back a lease token. The supervisor renews the leases of its
+process in one statement every ``lease_seconds / 3``, from a thread of its own with a
+database connection of its own, so an event loop blocked by a handler cannot stop
+renewals. A job attempt is covered by its worker's lease (``agora.workers.lease_expires_at``:
+the renewal writes that one row and reads the job rows); a pipeline run has a lease of
+its own on its schedule row, renewed by token. Renewal results come back to the event
+loop as stop requests:
 
 - a lease another worker took over (rescued, or a run taken over): ``LEASE_LOST``;
 - a lease that could not be renewed for ``0.75 * lease_seconds`` by this process's
   monotonic clock: ``LEASE_UNRENEWED``, before the lease can expire on the server
   (self-fencing: across a database outage, at most one attempt runs);
 - a job whose cancel was asked for: ``CANCEL_REQUESTED``.
+
+Jobs held in the worker's name that it does not hold here (a claim that committed but
+whose reply was lost) are handed to ``on_unknown_jobs``, which runs them: under a live
+worker lease nothing else would ever take them back.
 
 The thread also watches the event loop: a loop that does not run a callback for
 ``blocked_loop_seconds`` is reported in a WARNING naming the attempt that blocks it.
@@ -113,12 +119,18 @@ class LeaseSupervisor:
         self._renew_timeout = min(database_timeout, self.renew_interval)
         self.blocked_loop_seconds = blocked_loop_seconds
         self._held: set[LeaseHolder] = set()  # by identity: no token object is built per lease
+        self._covered: set[LeaseHolder] = set()  # the held jobs under the worker's lease
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._loop_seen = time.monotonic()
         self._blocked_warned = False
+        # The worker lease in the database runs from no earlier than this time.monotonic():
+        # the send time of the last renewal that renewed it (before any did: of the first
+        # renewal sent, as none before it can have set the lease).
+        self._worker_lease_from: float | None = None
+        self.on_unknown_jobs: Callable[[frozenset[int]], None] | None = None
 
     # -- the event loop's side -------------------------------------------------
 
@@ -139,19 +151,27 @@ class LeaseSupervisor:
         while thread is not None and thread.is_alive() and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
 
-    def hold(self, holders: Iterable[LeaseHolder], claimed_at: float) -> None:
+    def hold(self, holders: Iterable[LeaseHolder], claimed_at: float, *, worker_lease: bool = False) -> None:
         """Renew the holders' leases from now on. ``claimed_at`` is ``time.monotonic()``
-        taken before the claim was sent (the leases run from no earlier than that)."""
-        fence_at = claimed_at + self.fence_after
+        taken before the claim was sent (a lease of the holder's own runs from no earlier
+        than that); ``worker_lease``: the holders are jobs covered by the worker's lease,
+        which may have been renewed last before the claim."""
+        since = claimed_at
+        if worker_lease and self._worker_lease_from is not None:
+            since = min(claimed_at, self._worker_lease_from)
+        fence_at = since + self.fence_after
         with self._lock:
             for holder in holders:
                 holder.fence_at = fence_at
                 self._held.add(holder)
+                if worker_lease:
+                    self._covered.add(holder)
 
     def release(self, holders: Iterable[LeaseHolder]) -> None:
         """Stop renewing these leases (their outcomes are recorded, or they were given back)."""
         with self._lock:
             self._held.difference_update(holders)
+            self._covered.difference_update(holders)
 
     def held_tokens(self) -> list[LeaseToken]:
         with self._lock:
@@ -256,13 +276,25 @@ class LeaseSupervisor:
         tokens = [holder.token for holder in holders]
         jobs = [(int(t.key), t.number) for t in tokens if t.resource == "job"]
         runs = [(str(t.key), t.number) for t in tokens if t.resource == "run"]
+        if self._worker_lease_from is None:
+            self._worker_lease_from = sent_at
         renewal = await store.renew_leases(self.worker_id, self.lease_seconds, jobs, runs)
+        if renewal.worker_renewed:
+            self._worker_lease_from = sent_at
         lost = [holder for holder, t in zip(holders, tokens, strict=True)
                 if ((t.key, t.number) in renewal.lost_jobs if t.resource == "job" else t.key in renewal.lost_runs)]
         fence_at = sent_at + self.fence_after
+        lost_now = set(lost)
         with self._lock:
-            for holder in holders:
-                if holder in self._held and holder not in lost:
+            renewed = [holder for holder, t in zip(holders, tokens, strict=True) if t.resource == "run"]
+            if renewal.worker_renewed:
+                # The listed jobs' own leases were folded into the worker's, which covers every
+                # job held under it, listed or claimed since the list was taken.
+                self._covered.update(holder for holder, t in zip(holders, tokens, strict=True)
+                                     if t.resource == "job" and holder in self._held)
+                renewed.extend(self._covered)
+            for holder in renewed:
+                if holder in self._held and holder not in lost_now:
                     holder.fence_at = max(holder.fence_at, fence_at)
             lost = [holder for holder in lost if holder in self._held]
         for holder in lost:
@@ -271,3 +303,13 @@ class LeaseSupervisor:
         for holder, t in zip(holders, tokens, strict=True):
             if t.resource == "job" and (t.key, t.number) in renewal.cancel_jobs:
                 self._post(self._deliver, holder, StopReason.CANCEL_REQUESTED)
+        if renewal.unknown_jobs:
+            self._post(self._hand_unknown, renewal.unknown_jobs)
+
+    def _hand_unknown(self, job_ids: frozenset[int]) -> None:
+        """On the event loop: jobs held in this worker's name that it does not hold here."""
+        if self.on_unknown_jobs is not None:
+            self.on_unknown_jobs(job_ids)
+        else:
+            log.warning("jobs %s are held in the name of %s, which runs no job worker", sorted(job_ids),
+                        self.worker_id)

@@ -1,4 +1,4 @@
-"""Takes back jobs whose worker went silent (its lease expired)."""
+"""Takes back jobs whose worker went silent (its lease passed)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,14 @@ from agora_pg.db.store import Store
 log = logging.getLogger("agora_pg.worker")
 
 STALE_WORKER_SECONDS = 7 * 24 * 3600  # forget worker rows silent for a week
+SETTLE_LEASE_SECONDS = 3600  # stop looking at a worker lease an hour after it passed, once it covers no job
 BATCH = 1000
 
 
 class JobRescuer:
-    """``run_once()`` rescues every expired lease and returns the job ids. A rescued
-    attempt counts as lost (``lost_count``), not failed: the job is due again at once,
-    until ``max_lost_attempts`` lost attempts fail it."""
+    """``run_once()`` rescues the jobs of every passed lease (a worker's, or a job's own)
+    and returns the job ids. A rescued attempt counts as lost (``lost_count``), not failed:
+    the job is due again at once, until ``max_lost_attempts`` lost attempts fail it."""
 
     def __init__(self, store: Store, max_lost_attempts: int, default_max_retries: int) -> None:
         self._store = store
@@ -31,5 +32,6 @@ class JobRescuer:
                 break
         if rescued:
             log.warning("rescued %d job(s) from lost workers: %s", len(rescued), rescued[:20])
+        await self._store.settle_worker_leases(SETTLE_LEASE_SECONDS)
         await self._store.delete_stale_workers(STALE_WORKER_SECONDS)
         return rescued

@@ -172,6 +172,7 @@ class _WorkerRun:
         self.side_tasks: list[asyncio.Task[None]] = []
         self.side_stop = StopSignal()
         self.claim_unsure_until = 0.0  # a claim's reply was lost: look for jobs held unknowingly
+        self.unknown_seen = False  # the lease supervisor saw jobs held unknowingly: look once
         self.delayed_inserted = asyncio.Event()  # new delayed jobs: the promoter looks again
         self.claim_batch = claim_batch(settings.concurrency)
 
@@ -214,9 +215,11 @@ class _WorkerRun:
                 listen_until(self.store, channels, self.side_stop, self._look_again, "LISTEN for new jobs"),
                 "listener",
             )
+        self.supervisor.on_unknown_jobs = self._on_unknown_jobs
         try:
             await self._claim_loop()
         finally:
+            self.supervisor.on_unknown_jobs = None
             await self._shutdown()
 
     # -- claiming ------------------------------------------------------------
@@ -227,7 +230,8 @@ class _WorkerRun:
         while not worker._stopping.is_set():
             worker._wakeup.clear()
             try:
-                if time.monotonic() < self.claim_unsure_until:
+                if self.unknown_seen or time.monotonic() < self.claim_unsure_until:
+                    self.unknown_seen = False
                     await self._adopt_unknown()
                 # A slot is free once its attempt's outcome is written, not when its handler
                 # returns: memory and unrecorded work stay bounded by the concurrency.
@@ -275,7 +279,7 @@ class _WorkerRun:
         extra = suspects[keep:]
         try:
             await self.store.release_claimed_jobs(self.worker.id, [(job.id, job.attempt) for job in extra])
-        except DatabaseUnavailable:  # (their leases expire; they are rescued as lost)
+        except DatabaseUnavailable:  # (the lease supervisor finds them held here unknowingly: given back later)
             log.warning("could not give back %d job(s) with lost attempts: %s", len(extra), [j.id for j in extra])
         else:
             log.info("gave back %d job(s) with lost attempts (one runs here at a time): %s",
@@ -291,7 +295,13 @@ class _WorkerRun:
         if jobs:
             log.warning("found %d job(s) claimed by a call whose reply was lost; running them: %s",
                         len(jobs), [job.id for job in jobs])
-            self._start(jobs, claimed_at)
+            self._start(await self._one_suspect_at_most(jobs), claimed_at)
+
+    def _on_unknown_jobs(self, job_ids: frozenset[int]) -> None:
+        """The lease supervisor saw jobs held in this worker's name that it does not run: adopt them."""
+        log.debug("jobs %s are held in this worker's name but not running here; looking them up", sorted(job_ids))
+        self.unknown_seen = True
+        self.worker._wakeup.set()
 
     def _held_job_ids(self) -> list[int]:
         """The jobs this worker knows it holds: running, or finished with the outcome not yet recorded."""
@@ -313,7 +323,11 @@ class _WorkerRun:
             if job.lost_count:
                 self.suspects_running += 1
             attempts.append(attempt)
-        self.supervisor.hold(attempts, claimed_at)
+        own_lease = [attempt for attempt in attempts if attempt.job.lease_expires_at is not None]
+        if own_lease:
+            self.supervisor.hold(own_lease, claimed_at)
+        if len(own_lease) < len(attempts):
+            self.supervisor.hold([a for a in attempts if a.job.lease_expires_at is None], claimed_at, worker_lease=True)
 
     async def _run(self, attempt: Attempt) -> Outcome | None:
         try:

@@ -103,3 +103,29 @@ async def test_upgrade_to_delayed_jobs_marks_the_waiting_rows_and_downgrades(fre
         assert columns == 0 and "delayed" not in predicate
     finally:
         await store.close()
+
+
+async def test_downgrade_from_worker_leases_gives_running_jobs_a_lease_of_their_own(fresh_db: str) -> None:
+    """Earlier versions renew each job's own lease: jobs under a worker lease must get one."""
+    store = Store.open(Database(fresh_db))
+    try:
+        await migrate.upgrade(store)
+        await store.register_worker("w", "host", 1, ["default"])
+        await store.renew_leases("w", 30, [], [])
+        async with store.connection() as connection:
+            await connection.execute(
+                "INSERT INTO agora.jobs (name, kind, status, locked_by, attempt, started_at) VALUES "
+                "('covered', 'k', 'processing', 'w', 1, now()), ('orphan', 'k', 'processing', 'nobody', 1, now())"
+            )
+            worker_lease = await connection.fetchval("SELECT lease_expires_at FROM agora.workers WHERE id = 'w'")
+        await migrate.downgrade(store, "0008")
+        async with store.connection() as connection:
+            leases = dict(await connection.fetch("SELECT name, lease_expires_at FROM agora.jobs"))
+            predicate = await connection.fetchval(
+                "SELECT pg_get_expr(indpred, indrelid) FROM pg_index WHERE indexrelid = 'agora.jobs_lease_idx'::regclass"
+            )
+        assert leases["covered"] == worker_lease and leases["orphan"] is not None  # (the orphan's: now)
+        assert "IS NOT NULL" not in predicate
+        await migrate.upgrade(store)
+    finally:
+        await store.close()

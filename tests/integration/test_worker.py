@@ -305,8 +305,11 @@ async def test_worker_refuses_an_unmigrated_database(fresh_db: str) -> None:
 async def test_renewal_skips_rows_being_finished_instead_of_waiting(queue: Queue, store: Store) -> None:
     import asyncpg
 
+    await store.register_worker("w", "host", 1, ["default"])
     await queue.enqueue("k")
+    # claimed before the worker's first renewal: the job has a lease of its own
     [claimed] = await store.claim_jobs(["default"], 1, "w", 30)
+    assert claimed.lease_expires_at is not None
     token = [(claimed.id, claimed.attempt)]
     holder = await asyncpg.connect(store.database.asyncpg_url)
     try:
@@ -315,11 +318,17 @@ async def test_renewal_skips_rows_being_finished_instead_of_waiting(queue: Queue
             # the row is locked (as by an outcome being written): the renewal must not block on
             # it, nor call it lost
             renewal = await asyncio.wait_for(store.renew_leases("w", 60, token, []), timeout=5)
-            assert renewal.lost_jobs == set()
+            assert renewal.lost_jobs == set() and renewal.worker_renewed
     finally:
         await holder.close()
-    await store.renew_leases("w", 60, token, [])  # once free, the lease is extended
-    assert (await store.get_job(claimed.id)).lease_expires_at > claimed.lease_expires_at  # type: ignore[operator]
+    await store.renew_leases("w", 60, token, [])  # once free, its lease is folded into the worker's
+    async with store.connection() as connection:
+        own, worker_lease = await connection.fetchrow(
+            "SELECT j.lease_expires_at, w.lease_expires_at FROM agora.jobs AS j, agora.workers AS w "
+            "WHERE j.id = $1 AND w.id = 'w'", claimed.id,
+        )
+    assert own is None and worker_lease > claimed.lease_expires_at
+    assert (await store.get_job(claimed.id)).lease_expires_at == worker_lease  # read: the worker's lease
 
 
 async def test_a_slot_stays_taken_until_its_outcome_is_written(
