@@ -388,6 +388,10 @@ class Store:
     async def delete_stale_workers(self, older_than_seconds: float) -> None:
         await self._execute(queries.DELETE_STALE_WORKERS, float(older_than_seconds))
 
+    async def lease_uncovered_jobs(self, lease_seconds: float) -> None:
+        """Give running jobs whose worker's row is gone a lease of their own."""
+        await self._execute(queries.LEASE_UNCOVERED_JOBS, float(lease_seconds))
+
     async def settle_worker_leases(self, passed_seconds: float) -> None:
         """Let go of worker leases that passed ``passed_seconds`` ago and cover no job."""
         await self._execute(queries.SETTLE_WORKER_LEASES, float(passed_seconds))

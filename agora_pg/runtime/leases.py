@@ -287,12 +287,17 @@ class LeaseSupervisor:
         lost_now = set(lost)
         with self._lock:
             renewed = [holder for holder, t in zip(holders, tokens, strict=True) if t.resource == "run"]
+            listed_jobs = [holder for holder, t in zip(holders, tokens, strict=True)
+                           if t.resource == "job" and holder in self._held]
             if renewal.worker_renewed:
                 # The listed jobs' own leases were folded into the worker's, which covers every
                 # job held under it, listed or claimed since the list was taken.
-                self._covered.update(holder for holder, t in zip(holders, tokens, strict=True)
-                                     if t.resource == "job" and holder in self._held)
+                self._covered.update(listed_jobs)
                 renewed.extend(self._covered)
+            else:
+                # No worker row, so no worker lease: the listed jobs' own leases were renewed.
+                self._covered.difference_update(listed_jobs)
+                renewed.extend(listed_jobs)
             for holder in renewed:
                 if holder in self._held and holder not in lost_now:
                     holder.fence_at = max(holder.fence_at, fence_at)

@@ -165,7 +165,8 @@ class _WorkerRun:
         self.supervisor = supervisor
         self.completer = Completer(store, worker.id, settings, supervisor, random.Random())
         self.progress = ProgressReporter(store, worker.id)
-        self.rescuer = JobRescuer(store, settings.max_lost_attempts, settings.max_retries)
+        self.rescuer = JobRescuer(store, settings.max_lost_attempts, settings.max_retries,
+                                  lease_seconds=settings.lease_seconds)
         self.running: set[Attempt] = set()  # by identity, not job id: a job may come back to this worker
         self.suspects_running = 0  # attempts of jobs with lost attempts (at most one is claimed at a time)
         self.known_kinds = tuple(worker.handlers)

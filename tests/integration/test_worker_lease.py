@@ -234,3 +234,60 @@ async def test_a_job_longer_than_many_leases_runs_once_under_the_worker_lease(
             [job.id for job in jobs],
         )
     assert [tuple(run) for run in runs] == [(job.id, "succeeded") for job in jobs]
+
+
+async def test_a_worker_whose_row_was_deleted_renews_leases_of_the_jobs_own(queue: Queue, store: Store) -> None:
+    await _live_worker(store, "w")
+    await queue.enqueue("k")
+    [claimed] = await store.claim_jobs(["default"], 1, "w", 30)
+    assert claimed.lease_expires_at is None
+    async with store.connection() as connection:
+        await connection.execute("DELETE FROM agora.workers WHERE id = 'w'")  # by hand
+    renewal = await store.renew_leases("w", 30, [(claimed.id, claimed.attempt)], [])
+    assert not renewal.worker_renewed and renewal.lost_jobs == set()
+    first = (await store.get_job(claimed.id)).lease_expires_at
+    assert first is not None  # a lease of its own now, which the next renewal extends
+    await store.renew_leases("w", 30, [(claimed.id, claimed.attempt)], [])
+    assert (await store.get_job(claimed.id)).lease_expires_at > first  # type: ignore[operator]
+
+
+async def test_running_jobs_no_worker_lease_can_cover_get_a_lease_and_are_rescued(queue: Queue, store: Store) -> None:
+    """A dead worker's row deleted by hand: its jobs, under its worker lease, are not stranded."""
+    await _live_worker(store, "gone")
+    await queue.enqueue("k")
+    [claimed] = await store.claim_jobs(["default"], 1, "gone", 30)
+    async with store.connection() as connection:
+        await connection.execute("DELETE FROM agora.workers WHERE id = 'gone'")
+    rescuer = JobRescuer(store, 3, 3, lease_seconds=0.5)
+    assert await rescuer.run_once() == []  # (the job gets a lease of its own: 0.5 s)
+    assert (await store.get_job(claimed.id)).lease_expires_at is not None
+    await asyncio.sleep(0.6)
+    assert await rescuer.run_once() == [claimed.id]
+    assert (await store.get_job(claimed.id)).status is JobStatus.PENDING
+
+
+async def test_the_rescue_looks_up_only_the_jobs_of_workers_whose_lease_passed(store: Store) -> None:
+    """Many running jobs under live leases, one dead worker: a nested loop over the dead
+    worker's index entries, not a scan of every running job (the rescue runs every few
+    seconds on every worker)."""
+    from agora_pg.db import queries
+
+    async with store.connection() as connection:
+        await connection.execute(
+            "INSERT INTO agora.workers (id, hostname, pid, queues, lease_expires_at) "
+            "SELECT 'w' || n, 'h', n, '{default}', now() + interval '30 seconds' FROM generate_series(1, 40) AS n"
+        )
+        await connection.execute(
+            "INSERT INTO agora.workers (id, hostname, pid, queues, lease_expires_at) "
+            "VALUES ('dead', 'h', 0, '{default}', now() - interval '1 minute')"
+        )
+        await connection.execute(
+            "INSERT INTO agora.jobs (name, kind, status, locked_by, attempt, started_at) "
+            "SELECT 'b', 'k', 'processing', 'w' || (1 + n % 40), 1, now() FROM generate_series(1, 20000) AS n"
+        )
+        await connection.execute("ANALYZE agora.jobs")
+        await connection.execute("ANALYZE agora.workers")
+        plan = "\n".join(row[0] for row in await connection.fetch(f"EXPLAIN {queries.RESCUE_EXPIRED}", 3, 3, 1000))
+    lookup = plan.split("CTE lost_on_their_own")[0]  # how the dead workers' jobs are found
+    assert "Nested Loop" in lookup and "Index Cond: (locked_by = w.id)" in lookup, plan
+    assert "Seq Scan on jobs" not in lookup and "Hash Join" not in lookup, plan
