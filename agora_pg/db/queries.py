@@ -448,25 +448,24 @@ FROM (
 CANCEL_CHANNEL = "agora_cancel"
 CANCEL_JOB = CANCEL_JOB.replace("{cancel_channel}", CANCEL_CHANNEL)
 
+# Worker w (agora.workers AS w) holds a running job (through jobs_locked_by_idx).
+_HOLDS_RUNNING_JOB = "EXISTS (SELECT 1 FROM agora.jobs AS j WHERE j.locked_by = w.id AND j.status = 'processing')"
+
 # Record a clean stop; a worker that holds no running job gives up its worker lease
 # (one that still does, a job stuck in a thread, keeps it to pass and be rescued).
-STOP_WORKER = """
+STOP_WORKER = f"""
 UPDATE agora.workers AS w
 SET stopped_at = now(), last_heartbeat_at = now(),
-    lease_expires_at = CASE WHEN EXISTS (
-        SELECT 1 FROM agora.jobs AS j WHERE j.locked_by = w.id AND j.status = 'processing'
-    ) THEN w.lease_expires_at END
+    lease_expires_at = CASE WHEN {_HOLDS_RUNNING_JOB} THEN w.lease_expires_at END
 WHERE w.id = $1
 """
 
 # Let go of the worker leases that passed over $1 seconds ago and cover no job (their
 # jobs were rescued), so that the rescue stops looking at them. ($1 is far longer than
 # any claim statement takes: a claim that saw the lease live has committed long before.)
-SETTLE_WORKER_LEASES = """
+SETTLE_WORKER_LEASES = f"""
 UPDATE agora.workers AS w SET lease_expires_at = NULL
-WHERE w.lease_expires_at < now() - make_interval(secs => $1) AND NOT EXISTS (
-    SELECT 1 FROM agora.jobs AS j WHERE j.locked_by = w.id AND j.status = 'processing'
-)
+WHERE w.lease_expires_at < now() - make_interval(secs => $1) AND NOT {_HOLDS_RUNNING_JOB}
 """
 
 # Give a lease of their own ($1 seconds) to running jobs that no worker lease can cover:
@@ -480,11 +479,9 @@ WHERE j.status = 'processing' AND j.lease_expires_at IS NULL
 """
 
 # Forget workers that have not been heard of for $1 seconds and hold no running job.
-DELETE_STALE_WORKERS = """
+DELETE_STALE_WORKERS = f"""
 DELETE FROM agora.workers AS w
-WHERE w.last_heartbeat_at < now() - make_interval(secs => $1) AND NOT EXISTS (
-    SELECT 1 FROM agora.jobs AS j WHERE j.locked_by = w.id AND j.status = 'processing'
-)
+WHERE w.last_heartbeat_at < now() - make_interval(secs => $1) AND NOT {_HOLDS_RUNNING_JOB}
 """
 
 # -- schema ------------------------------------------------------------------
