@@ -366,9 +366,26 @@ SELECT id, CASE WHEN status = 'pending' THEN pg_notify('agora_jobs', queue) END 
 
 # -- workers -----------------------------------------------------------------
 
-# Record a starting worker process.
+# Record a starting worker process: its job worker ($4: the queues it claims) or its
+# scheduled pipelines ($5), whichever registers first; the second adds to the row.
 INSERT_WORKER = """
-INSERT INTO agora.workers (id, hostname, pid, queues) VALUES ($1, $2, $3, $4::text[])
+INSERT INTO agora.workers AS w (id, hostname, pid, queues, runs_pipelines) VALUES ($1, $2, $3, $4::text[], $5)
+ON CONFLICT (id) DO UPDATE
+SET queues = CASE WHEN $5 THEN w.queues ELSE EXCLUDED.queues END, runs_pipelines = w.runs_pipelines OR $5
+"""
+
+# The workers whose processes run scheduled pipelines and whose lease is live (or, not
+# renewed yet, that started less than $1 seconds ago and have not stopped): the
+# processes that share the pipelines' ticks (runner/tick_shares.py).
+# Also a reading of the database clock (as CLAIM_PIPELINE_RUNS), taken between ticks: the
+# claims of a process that has just started read it while the process is busiest.
+LIVE_PIPELINE_WORKERS = """
+SELECT ARRAY(
+    SELECT id FROM agora.workers
+    WHERE runs_pipelines AND (lease_expires_at > now() OR (
+        lease_expires_at IS NULL AND stopped_at IS NULL AND started_at > now() - make_interval(secs => $1)))
+    ORDER BY id
+) AS ids, statement_timestamp() AS database_now
 """
 
 # The lease supervisor's renewal: worker $1 is alive, its worker lease (which covers
@@ -538,6 +555,10 @@ SELECT {SCHEDULE_COLUMNS},
        extract(epoch FROM lease_expires_at - clock_timestamp()) AS lease_left_seconds
 FROM agora.schedules WHERE pipeline_id = $1
 """
+
+# The same for the schedules of pipelines $1 (text[]): the pipelines of a process that
+# lost the claim of one tick read their rows in one statement.
+SELECT_SCHEDULES = SELECT_SCHEDULE.replace("WHERE pipeline_id = $1", "WHERE pipeline_id = ANY($1::text[])")
 
 # Claim the due runs of pipelines $1 (each registered with the spec at the same place in $3)
 # for worker $2 with a lease of $4 seconds, those no other worker holds: one statement for

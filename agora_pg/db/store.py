@@ -379,8 +379,22 @@ class Store:
 
     # -- workers -------------------------------------------------------------------
 
-    async def register_worker(self, worker_id: str, hostname: str, pid: int, queues: Sequence[str]) -> None:
-        await self._execute(queries.INSERT_WORKER, worker_id, hostname, pid, list(queues))
+    async def register_worker(
+        self, worker_id: str, hostname: str, pid: int, queues: Sequence[str], *, runs_pipelines: bool = False
+    ) -> None:
+        """Record a starting worker: its job worker (``queues``) or, with
+        ``runs_pipelines``, its scheduled pipelines; the second call adds to the row."""
+        await self._execute(queries.INSERT_WORKER, worker_id, hostname, pid, list(queues), runs_pipelines)
+
+    async def live_pipeline_workers(self, lease_seconds: float) -> tuple[list[str], datetime, float]:
+        """The ids of the workers running scheduled pipelines whose lease is live, or
+        which started less than ``lease_seconds`` ago and have not renewed it yet; and a
+        reading of the database clock (as ``read_database_clock``)."""
+        async with self.connection() as connection:
+            sent_at = time.monotonic()
+            row = await connection.fetchrow(queries.LIVE_PIPELINE_WORKERS, float(lease_seconds))
+        assert row is not None
+        return list(row["ids"]), row["database_now"], sent_at
 
     async def stop_worker(self, worker_id: str) -> None:
         await self._execute(queries.STOP_WORKER, worker_id)
@@ -428,6 +442,12 @@ class Store:
     async def get_schedule(self, pipeline_id: str) -> ScheduleRow | None:
         rows = await self._fetch(queries.SELECT_SCHEDULE, pipeline_id)
         return ScheduleRow.from_row(rows[0]) if rows else None
+
+    async def get_schedules(self, pipeline_ids: Sequence[str]) -> dict[str, ScheduleRow]:
+        """The schedule rows of ``pipeline_ids`` (one statement), by pipeline id; a
+        pipeline without one is absent."""
+        rows = await self._fetch(queries.SELECT_SCHEDULES, list(pipeline_ids))
+        return {row["pipeline_id"]: ScheduleRow.from_row(row) for row in rows}
 
     async def claim_pipeline_runs(
         self, pipelines: Sequence[tuple[str, str]], worker_id: str, lease_seconds: float

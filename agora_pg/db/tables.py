@@ -131,6 +131,7 @@ Index(
     postgresql_where=text("pipeline_id IS NOT NULL"),
 )
 
+# (migration 0010 sets the table's fillfactor to 50: a run's claim and finish rewrite its row in place)
 schedules = Table(
     "schedules",
     metadata,
@@ -200,5 +201,6 @@ workers = Table(
     Column("last_heartbeat_at", DateTime(timezone=True), nullable=False, server_default=text("now()"), comment="Last sign of life."),
     Column("stopped_at", DateTime(timezone=True), nullable=True, comment="When the worker stopped cleanly; NULL while running or after a crash."),
     Column("lease_expires_at", DateTime(timezone=True), nullable=True, comment="Until when the worker's running jobs are its own (renewed by its lease supervisor); after this, other workers rescue them. NULL: the worker holds no worker lease."),
+    Column("runs_pipelines", Boolean, nullable=False, server_default=text("false"), comment="The worker's process runs scheduled pipelines: while its lease is live, it is one of the processes that share the pipelines' ticks."),
     comment="Worker processes and their heartbeats.",
 )

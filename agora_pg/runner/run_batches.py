@@ -12,22 +12,32 @@ next ones).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
+import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Generic, TypeVar
 
-from agora_pg.db.schedule_rows import ClaimedRun, RunFinish
+from agora_pg.db.schedule_rows import ClaimedRun, RunFinish, ScheduleRow
 from agora_pg.db.store import Store
 from agora_pg.lifecycle import resolve_once
+from agora_pg.errors import DatabaseUnavailable
 from agora_pg.runner.database_clock import DatabaseClock
+from agora_pg.runner.tick_shares import TickShares
+
+log = logging.getLogger("agora_pg.runner")
 
 MAX_BATCH = 1000  # asks per statement
 # A claim statement goes out at least this long after its first ask: pipelines due at the
 # same moment may wake a few ms apart (a newer reading of the database clock moved some
 # wake-ups), and one statement for all is faster than one per wave.
 CLAIM_GATHER_SECONDS = 0.005
+# How often a process reads which processes it shares the ticks with (a process that
+# starts is one of them from its registration on; one that stops cleanly, no longer).
+PEERS_REFRESH_SECONDS = 2.0
+READY_TIMEOUT = 60.0  # a process becomes a peer once its pipelines have made a claim, or after this
 
 Ask = TypeVar("Ask")
 Answer = TypeVar("Answer")
@@ -139,11 +149,15 @@ class _Batcher(Generic[Ask, Answer]):
 
 
 class RunBatches:
-    """The run claims and run finishes of one worker id on one Store, and the database
-    clock its claims read."""
+    """The run claims, run finishes and schedule reads of one worker id on one Store, the
+    database clock its claims read, and its share of the ticks (``tick_shares``)."""
 
     def __init__(self, store: Store, worker_id: str, lease_seconds: float) -> None:
         self.clock = DatabaseClock()
+        self.shares = TickShares(worker_id)
+        self._expected_pipelines = 0
+        self._ready_pipelines: set[str] = set()
+        self._all_ready = asyncio.Event()
         self._store = store
         self._worker_id = worker_id
         self._lease_seconds = lease_seconds
@@ -151,6 +165,9 @@ class RunBatches:
             self._claim_many, "pipeline-run-claims", CLAIM_GATHER_SECONDS
         )
         self._finishes: _Batcher[RunFinish, bool] = _Batcher(self._finish_many, "pipeline-run-finishes")
+        self._reads: _Batcher[str, ScheduleRow] = _Batcher(
+            self._store.get_schedules, "schedule-reads", CLAIM_GATHER_SECONDS
+        )
         self._clock_read: asyncio.Task[None] | None = None
 
     async def read_clock(self) -> None:
@@ -167,14 +184,57 @@ class RunBatches:
     async def claim(self, pipeline_id: str, spec: str, not_before: float = 0.0) -> ClaimedRun | None:
         """Claim the pipeline's due run (as ``Store.claim_pipeline_runs``) in a statement
         sent at monotonic ``not_before`` or later, or None when it is not due, leased, or
-        registered with another spec. A claim whose reply was lost is found and settled by
-        the pipeline's next claim."""
+        registered with another spec. A claim for a due moment (``not_before`` given) of a
+        pipeline another process claims first is sent ``FALLBACK_DELAY`` later. A claim
+        whose reply was lost is found and settled by the pipeline's next claim."""
+        if not_before:
+            not_before += self.shares.claim_delay(pipeline_id)
         return await self._claims.ask(pipeline_id, (pipeline_id, spec), not_before)
 
     async def finish(self, finish: RunFinish) -> bool:
         """Record a run's end (as ``Store.finish_pipeline_runs``); False when this worker
         no longer held the run's lease."""
         return bool(await self._finishes.ask(finish.pipeline_id, finish))
+
+    async def read_schedule(self, pipeline_id: str) -> ScheduleRow | None:
+        """The pipeline's schedule row (as ``Store.get_schedule``), read in one statement
+        with those of the other pipelines that ask meanwhile (the losers of one tick's
+        claims all look at their rows at once); None when it has none."""
+        return await self._reads.ask(pipeline_id, pipeline_id)
+
+    def pipeline_ready(self, pipeline_id: str) -> None:
+        """The pipeline has registered and made its first claim (see ``share_ticks``)."""
+        self._ready_pipelines.add(pipeline_id)
+        if len(self._ready_pipelines) >= self._expected_pipelines:
+            self._all_ready.set()
+
+    async def share_ticks(
+        self, hostname: str, pipelines: int, pid: int, interval: float = PEERS_REFRESH_SECONDS
+    ) -> None:
+        """Once the process's ``pipelines`` pipelines are ready (a process that is a peer
+        before its pipelines claim would leave its share of a tick to the fallback), register
+        it as one that runs pipelines, then read the live peers it shares the ticks with
+        (and the database clock) every ``interval`` seconds, until cancelled. While the
+        database is away the last peers read stand (claims still decide who runs a tick)."""
+        self._expected_pipelines = pipelines
+        if len(self._ready_pipelines) >= pipelines:
+            self._all_ready.set()
+        with contextlib.suppress(TimeoutError):  # (a pipeline stuck that long: the others are ready)
+            await asyncio.wait_for(self._all_ready.wait(), READY_TIMEOUT)
+        registered = False
+        while True:
+            try:
+                if not registered:
+                    await self._store.register_worker(self._worker_id, hostname, pid, (), runs_pipelines=True)
+                    registered = True
+                peers, database_now, sent_at = await self._store.live_pipeline_workers(self._lease_seconds)
+                self.shares.update(peers)
+                self.clock.observe(database_now, sent_at)
+            except DatabaseUnavailable as error:
+                log.debug("reading the processes that share the ticks failed: %s", error)
+            except Exception:  # never ends the pool: every process then simply claims every tick
+                log.exception("reading the processes that share the ticks failed")
+            await asyncio.sleep(interval)
 
     async def _claim_many(self, asks: list[tuple[str, str]]) -> Mapping[str, ClaimedRun]:
         claimed = await self._store.claim_pipeline_runs(asks, self._worker_id, self._lease_seconds)

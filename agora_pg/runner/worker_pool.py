@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import socket
 from typing import Any
 
 from agora_pg.db.connect import resolve_database
@@ -134,8 +135,12 @@ class WorkerPool:
 
     async def _serve(self, store: Store, settings: Settings) -> None:
         worker_id = self.job_worker.id if self.job_worker is not None else new_worker_id()
-        async with supervising(None, store.database, worker_id, settings) as supervisor:
-            await self._serve_with(store, settings, worker_id, supervisor)
+        try:
+            async with supervising(None, store.database, worker_id, settings) as supervisor:
+                await self._serve_with(store, settings, worker_id, supervisor)
+        finally:
+            if self.pipelines and self.job_worker is None:  # (a job worker records its own stop)
+                await self._record_stop(store, worker_id)
 
     async def _serve_with(self, store: Store, settings: Settings, worker_id: str, supervisor: LeaseSupervisor) -> None:
         if self.health_port is not None:  # first: a port in use stops the pool before anything runs
@@ -150,6 +155,11 @@ class WorkerPool:
             worker_settings = settings.replace(shutdown_timeout=self.graceful_shutdown_timeout)
             serving = self.job_worker.serve(store, worker_settings, supervisor)
             tasks[asyncio.create_task(serving, name="jobs")] = self.job_worker
+        sharing = (
+            asyncio.create_task(batches.share_ticks(socket.gethostname(), len(self.pipelines), os.getpid()),
+                                name="tick-shares")
+            if self.pipelines else None
+        )
         listener_stop = asyncio.Event()
         listener = (
             asyncio.create_task(listen_for_schedule_changes(store, self.pipelines, listener_stop), name="schedules")
@@ -160,6 +170,9 @@ class WorkerPool:
             failure = await self._watch(tasks)
             await self._shut_down(tasks)
         finally:
+            if sharing is not None:
+                sharing.cancel()
+                await asyncio.gather(sharing, return_exceptions=True)
             listener_stop.set()
             if listener is not None:
                 await asyncio.wait([listener], timeout=5)
@@ -169,6 +182,15 @@ class WorkerPool:
         if failure is not None:
             log.error("%s", failure)
             raise failure
+
+    @staticmethod
+    async def _record_stop(store: Store, worker_id: str) -> None:
+        """A clean stop gives up the worker lease, so the peers take this process's share
+        of the ticks at once (not once the lease has passed)."""
+        try:
+            await store.stop_worker(worker_id)
+        except Exception as error:  # (in a finally: the error that stopped the pool, if any, stands)
+            log.warning("recording the stop of %s failed (its lease will pass): %s", worker_id, error)
 
     async def _watch(self, tasks: dict[asyncio.Task[Any], ScheduledPipeline | Worker]) -> AgoraError | None:
         """Wait for a shutdown signal, the end of every task, or a terminal error."""
