@@ -155,7 +155,7 @@ class RunBatches:
     def __init__(self, store: Store, worker_id: str, lease_seconds: float) -> None:
         self.clock = DatabaseClock()
         self.shares = TickShares(worker_id)
-        self._expected_pipelines = 0
+        self._expected_pipelines: int | None = None  # (known once share_ticks starts)
         self._ready_pipelines: set[str] = set()
         self._all_ready = asyncio.Event()
         self._store = store
@@ -205,7 +205,7 @@ class RunBatches:
     def pipeline_ready(self, pipeline_id: str) -> None:
         """The pipeline has registered and made its first claim (see ``share_ticks``)."""
         self._ready_pipelines.add(pipeline_id)
-        if len(self._ready_pipelines) >= self._expected_pipelines:
+        if self._expected_pipelines is not None and len(self._ready_pipelines) >= self._expected_pipelines:
             self._all_ready.set()
 
     async def share_ticks(
