@@ -22,8 +22,8 @@ from typing import Generic, TypeVar
 
 from agora_pg.db.schedule_rows import ClaimedRun, RunFinish, ScheduleRow
 from agora_pg.db.store import Store
-from agora_pg.lifecycle import resolve_once
 from agora_pg.errors import DatabaseUnavailable
+from agora_pg.lifecycle import resolve_once
 from agora_pg.runner.database_clock import DatabaseClock
 from agora_pg.runner.tick_shares import TickShares
 
@@ -205,11 +205,14 @@ class RunBatches:
     def pipeline_ready(self, pipeline_id: str) -> None:
         """The pipeline has registered and made its first claim (see ``share_ticks``)."""
         self._ready_pipelines.add(pipeline_id)
+        self._note_if_all_ready()
+
+    def _note_if_all_ready(self) -> None:
         if self._expected_pipelines is not None and len(self._ready_pipelines) >= self._expected_pipelines:
             self._all_ready.set()
 
     async def share_ticks(
-        self, hostname: str, pipelines: int, pid: int, interval: float = PEERS_REFRESH_SECONDS
+        self, hostname: str, pid: int, pipelines: int, interval: float = PEERS_REFRESH_SECONDS
     ) -> None:
         """Once the process's ``pipelines`` pipelines are ready (a process that is a peer
         before its pipelines claim would leave its share of a tick to the fallback), register
@@ -217,8 +220,7 @@ class RunBatches:
         (and the database clock) every ``interval`` seconds, until cancelled. While the
         database is away the last peers read stand (claims still decide who runs a tick)."""
         self._expected_pipelines = pipelines
-        if len(self._ready_pipelines) >= pipelines:
-            self._all_ready.set()
+        self._note_if_all_ready()
         with contextlib.suppress(TimeoutError):  # (a pipeline stuck that long: the others are ready)
             await asyncio.wait_for(self._all_ready.wait(), READY_TIMEOUT)
         registered = False

@@ -156,7 +156,7 @@ class WorkerPool:
             serving = self.job_worker.serve(store, worker_settings, supervisor)
             tasks[asyncio.create_task(serving, name="jobs")] = self.job_worker
         sharing = (
-            asyncio.create_task(batches.share_ticks(socket.gethostname(), len(self.pipelines), os.getpid()),
+            asyncio.create_task(batches.share_ticks(socket.gethostname(), os.getpid(), len(self.pipelines)),
                                 name="tick-shares")
             if self.pipelines else None
         )
