@@ -455,12 +455,15 @@ def rerun_delays(executions: list[Execution], killed: dict[int, float]) -> list[
 
 
 async def wait_workers(database_url: str, count: int, timeout: float = 30.0) -> None:
-    """Until ``count`` workers have registered (and not stopped)."""
+    """Until ``count`` job workers have registered (and not stopped); a pool running
+    pipelines has a row too, which does not count."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         connection = await asyncpg.connect(database_url)
         try:
-            if await connection.fetchval("SELECT count(*) FROM agora.workers WHERE stopped_at IS NULL") >= count:
+            registered = await connection.fetchval(
+                "SELECT count(*) FROM agora.workers WHERE stopped_at IS NULL AND NOT runs_pipelines")
+            if registered >= count:
                 return
         finally:
             await connection.close()
