@@ -376,7 +376,7 @@ async def part_sizes(settings: Settings, args: argparse.Namespace) -> None:
             runs_after = await monitor.fetchval("SELECT count(*) FROM agora.runs")
             runs_deleted = runs_before - runs_after
             print(f"\nStore.prune(Retention(1 s, 1 s), batch_size={args.batch_size}): {prune_s:.1f} s; "
-                  f"deleted {report.jobs:,} jobs and {runs_deleted:,} runs (by ON DELETE CASCADE): "
+                  f"deleted {report.jobs:,} jobs and {runs_deleted:,} runs (by the jobs_delete_runs trigger): "
                   f"{report.jobs / prune_s:,.0f} jobs/s ({report.jobs // args.batch_size + 1:,} batches, "
                   f"{prune_s / (report.jobs / args.batch_size + 1) * 1000:.0f} ms each)", flush=True)
             snapshots.append(await snapshot(monitor, "right after prune", exact))
@@ -508,7 +508,7 @@ async def part_partition(settings: Settings, args: argparse.Namespace) -> None:
             flat_before = await monitor.fetchrow(TABLE_SIZE, "part_bench.runs_flat")
             part_before = await monitor.fetchrow(PARTITIONED_SIZE, "part_bench.runs")
 
-            # (1) agora-pg today: Store.prune() on agora.jobs, runs by ON DELETE CASCADE.
+            # (1) agora-pg today: Store.prune() on agora.jobs, runs by the jobs_delete_runs trigger.
             db_now = await monitor.fetchval(DATABASE_NOW)
             age = db_now - cutoff
             retention = Retention(finished=age, failed=age)
@@ -574,7 +574,7 @@ async def part_partition(settings: Settings, args: argparse.Namespace) -> None:
                   f"(cutoff {cutoff:%Y-%m-%d %H:%M %Z}); Store.prune deleted {report.jobs:,} jobs\n")
             print("| approach | rows | seconds | rows/s |")
             print("|---|---:|---:|---:|")
-            print(f"| today: Store.prune() on agora.jobs, runs by ON DELETE CASCADE (batches of {args.batch_size}) "
+            print(f"| today: Store.prune() on agora.jobs, runs by the jobs_delete_runs trigger (batches of {args.batch_size}) "
                   f"| {report.jobs:,} jobs + their runs | {prune_s:.2f} | {report.jobs / prune_s:,.0f} |")
             print(f"| runs only: batched DELETE from an unpartitioned copy of agora.runs | {flat_deleted:,} "
                   f"| {flat_delete_s:.2f} | {flat_deleted / flat_delete_s:,.0f} |")
@@ -603,7 +603,8 @@ async def part_partition(settings: Settings, args: argparse.Namespace) -> None:
 
 CATCHES = """
 Catches of partitioning agora.runs by time (not measured above; they decide as much as the timings):
-- agora.runs.job_id references agora.jobs ON DELETE CASCADE: dropping runs partitions does not
+- a job's runs are deleted with it (ON DELETE CASCADE here, as agora.runs.job_id's foreign key did
+  before migration 0011; its jobs_delete_runs trigger since): dropping runs partitions does not
   remove a single jobs row; the jobs still have to be deleted (row by row, as today) and each
   deleted job's cascade probes runs_job_attempt_idx in every remaining partition (job_id is not
   the partition key, so nothing is pruned at plan time). Partitioning agora.jobs as well would need

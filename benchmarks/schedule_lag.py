@@ -2,7 +2,7 @@
 on one `agora-pg worker` process (or several, each registering all N: every tick runs once).
 
     python -m benchmarks.schedule_lag [--pipelines 200] [--seconds 30] [--schedule every1s|cron]
-        [--processes 1] [--database-url URL]
+        [--processes 1] [--database-url URL] [--breakdown]
 
 Lag is how late a run starts: agora.runs.started_at - agora.runs.scheduled_for,
 over every run but each pipeline's first (whose due time is the registration).
@@ -17,14 +17,34 @@ import signal
 import subprocess
 import sys
 
+import asyncpg
+
 from agora_pg.settings import Settings, load_settings
 from benchmarks.drain import ROOT, scratch_database, worker_environment
 
 
+# The lag of the measured runs by tick and process, and how it grows through one claim
+# statement (its rows' started_at are clock_timestamp() as the statement reaches them).
+BREAKDOWN = """
+WITH numbered AS (
+    SELECT worker_id, scheduled_for, started_at, extract(epoch FROM started_at - scheduled_for) * 1000 AS lag_ms,
+           row_number() OVER (PARTITION BY pipeline_id ORDER BY scheduled_for) AS n
+    FROM agora.runs WHERE pipeline_id IS NOT NULL AND status = 'succeeded'
+)
+SELECT to_char(scheduled_for, 'HH24:MI:SS') AS tick, worker_id, count(*) AS runs,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY lag_ms) AS p50, max(lag_ms) AS max,
+       min(lag_ms) AS min, extract(epoch FROM max(started_at) - min(started_at)) * 1000 AS spread
+FROM numbered WHERE n > $1
+GROUP BY scheduled_for, worker_id ORDER BY scheduled_for, worker_id
+"""
+
+
 async def measure(
-    settings: Settings, pipelines: int, seconds: float, schedule: str = "every1s", processes: int = 1
+    settings: Settings, pipelines: int, seconds: float, schedule: str = "every1s", processes: int = 1,
+    breakdown: list[asyncpg.Record] | None = None,
 ) -> dict[str, float]:
-    """Run the pipelines for ``seconds`` on ``processes`` worker processes; lag percentiles in ms."""
+    """Run the pipelines for ``seconds`` on ``processes`` worker processes; lag percentiles in ms
+    (and each tick's runs by process appended to ``breakdown``, if given)."""
     async with scratch_database(settings) as (database, store):
         env = worker_environment(
             AGORA_PG_DATABASE_URL=database.url, AGORA_PG_LOG_LEVEL="WARNING",
@@ -60,6 +80,8 @@ async def measure(
                 """,
                 0 if schedule == "cron" else 1,  # a cron schedule's first run is a real tick
             )
+            if breakdown is not None:
+                breakdown.extend(await connection.fetch(BREAKDOWN, 0 if schedule == "cron" else 1))
         return {key: float(row[key] or 0) for key in ("runs", "p50", "p99", "max")}
 
 
@@ -70,15 +92,24 @@ async def main() -> None:
     parser.add_argument("--schedule", choices=("every1s", "cron"), default="every1s")
     parser.add_argument("--processes", type=int, default=1)
     parser.add_argument("--database-url")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="also print each tick's runs by process (for cron; every1s prints a row a second)")
     args = parser.parse_args()
     settings = load_settings(os.environ)
     if args.database_url:
         settings = settings.replace(database_url=args.database_url)
     print("| pipelines | schedule | processes | seconds | runs measured | lag p50 ms | lag p99 ms | lag max ms |")
     print("|---:|---|---:|---:|---:|---:|---:|---:|")
-    lag = await measure(settings, args.pipelines, args.seconds, args.schedule, args.processes)
+    parts: list[asyncpg.Record] | None = [] if args.breakdown else None
+    lag = await measure(settings, args.pipelines, args.seconds, args.schedule, args.processes, parts)
     print(f"| {args.pipelines} | {args.schedule} | {args.processes} | {args.seconds:.0f} | {lag['runs']:.0f} "
           f"| {lag['p50']:.1f} | {lag['p99']:.1f} | {lag['max']:.1f} |")
+    if parts:
+        print("\n| tick | process | runs | lag min ms | lag p50 ms | lag max ms | first to last start ms |")
+        print("|---|---|---:|---:|---:|---:|---:|")
+        for part in parts:
+            print(f"| {part['tick']} | {part['worker_id']} | {part['runs']} | {part['min']:.1f} "
+                  f"| {part['p50']:.1f} | {part['max']:.1f} | {part['spread']:.1f} |")
 
 
 if __name__ == "__main__":

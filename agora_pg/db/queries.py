@@ -901,7 +901,7 @@ PRUNE_LOCK_KEY = 0x61676F7261_7072  # "agora", "pr"
 TRY_PRUNE_LOCK = "SELECT pg_try_advisory_xact_lock($1)"
 
 # Up to $3 finished jobs: done or cancelled before now() - $1, or failed for good before
-# now() - $2 (their runs go by the foreign key's ON DELETE CASCADE). Walks the primary
+# now() - $2 (their runs go with them, by the trigger jobs_delete_runs). Walks the primary
 # key from the oldest job, so a batch reads few rows beyond the ones it deletes. The
 # outer WHERE repeats the condition: a job retried between the subquery and the delete
 # is checked again as it is now (and kept).

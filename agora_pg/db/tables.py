@@ -13,7 +13,6 @@ from sqlalchemy import (
     Column,
     DateTime,
     Float,
-    ForeignKey,
     Identity,
     Index,
     Integer,
@@ -103,7 +102,8 @@ runs = Table(
     "runs",
     metadata,
     Column("id", BigInteger, Identity(), primary_key=True, comment="Run id."),
-    Column("job_id", BigInteger, ForeignKey("agora.jobs.id", ondelete="CASCADE"), nullable=True, comment="The job this attempt ran, if any."),
+    # (no foreign key: the triggers of migration 0011 delete a job's runs with the job)
+    Column("job_id", BigInteger, nullable=True, comment="The job this attempt ran, if any."),
     Column("pipeline_id", Text, nullable=True, comment="The scheduled pipeline this run belongs to, if any."),
     Column("attempt", Integer, nullable=False, server_default=text("1"), comment="Which claim of the job this was (agora.jobs.attempt at the time)."),
     Column("worker_id", Text, nullable=True, comment="The worker that ran it (agora.workers.id)."),

@@ -16,6 +16,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
+from agora_pg.db import migrate
+
 from ..conftest import Processes
 from .test_api_processes import wait_ready
 from .test_worker_processes import free_port, worker_env
@@ -79,7 +81,9 @@ def test_json_log_lines(database_url: str) -> None:
 def test_migrate_says_what_it_applied(fresh_db: str) -> None:
     first = run(cli("migrate"), worker_env(fresh_db))
     assert first.returncode == 0, first.stderr
-    assert "applied migration(s) 0001, 0002, 0003, 0004, 0005, 0006, 0007, 0008, 0009, 0010 to " in first.stderr
+    every = ", ".join(migrate.revisions_between(set(), migrate.head_revisions()))
+    assert every.startswith("0001, 0002, ")
+    assert f"applied migration(s) {every} to " in first.stderr
     assert "alembic" not in first.stderr  # Alembic's own INFO lines are for --log-level DEBUG
     again = run(cli("migrate"), worker_env(fresh_db))
     assert again.returncode == 0 and "nothing to apply" in again.stderr
@@ -89,7 +93,8 @@ def test_alembic_upgrade_head_logs_what_it_applied_and_says_one_line_for_a_wrong
     alembic = [sys.executable, "-m", "alembic", "upgrade", "head"]
     applied = run(alembic, bare_env(AGORA_PG_DATABASE_URL=fresh_db))
     assert applied.returncode == 0, applied.stderr
-    assert "Running upgrade  -> 0001" in applied.stderr and "is at revision 0010" in applied.stderr
+    [head] = migrate.head_revisions()
+    assert "Running upgrade  -> 0001" in applied.stderr and f"is at revision {head}" in applied.stderr
     for url, words in (("postgresql://postgres@127.0.0.1:1/nowhere", "alembic: cannot connect to"),
                        (urlunsplit(urlsplit(fresh_db)._replace(path="/no_such_database")), "does not exist"),
                        ("mysql://somewhere/db", "alembic: DATABASE_URL: expected a postgresql:// URL")):

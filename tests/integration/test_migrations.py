@@ -129,3 +129,51 @@ async def test_downgrade_from_worker_leases_gives_running_jobs_a_lease_of_their_
         await migrate.upgrade(store)
     finally:
         await store.close()
+
+
+async def test_deleting_jobs_deletes_their_runs_and_nothing_else(store: Store) -> None:
+    """Migration 0011 dropped ``runs.job_id``'s foreign key; its triggers still delete a
+    job's runs with the job (as ON DELETE CASCADE did) and after a TRUNCATE."""
+    async with store.connection() as connection:
+        ids = await connection.fetchval(
+            "WITH j AS (INSERT INTO agora.jobs (name, kind, status) SELECT 'j' || i, 'k', 'done' "
+            "FROM generate_series(1, 3) AS i RETURNING id) SELECT array_agg(id ORDER BY id) FROM j"
+        )
+        await connection.execute(
+            "INSERT INTO agora.runs (job_id, attempt, status, finished_at) "
+            "SELECT id, attempt, 'failed', now() FROM unnest($1::bigint[]) AS id, generate_series(1, 2) AS attempt",
+            ids,
+        )
+        await connection.execute(
+            "INSERT INTO agora.runs (pipeline_id, status, scheduled_for) VALUES ('p', 'succeeded', now())"
+        )
+        await connection.execute("DELETE FROM agora.jobs WHERE id = ANY($1::bigint[])", ids[:2])
+        left = await connection.fetch("SELECT job_id, pipeline_id FROM agora.runs ORDER BY job_id NULLS LAST, attempt")
+        assert [tuple(row) for row in left] == [(ids[2], None), (ids[2], None), (None, "p")]
+        await connection.execute("TRUNCATE agora.jobs")
+        left = await connection.fetch("SELECT job_id, pipeline_id FROM agora.runs")
+        assert [tuple(row) for row in left] == [(None, "p")]
+
+
+async def test_downgrade_to_the_foreign_key_never_deletes_history(fresh_db: str) -> None:
+    """Going back below 0011 restores the foreign key; a run of no job (possible since)
+    is kept, and the key then checks only new rows."""
+    store = Store.open(Database(fresh_db))
+    try:
+        await migrate.upgrade(store)
+        validated = "SELECT convalidated FROM pg_constraint WHERE conname = 'runs_job_id_fkey'"
+        await migrate.downgrade(store, "0010")
+        async with store.connection() as connection:
+            assert await connection.fetchval(validated) is True
+        await migrate.upgrade(store)
+        async with store.connection() as connection:
+            assert await connection.fetchval(validated) is None
+            await connection.execute("INSERT INTO agora.runs (job_id, status) VALUES (424242, 'succeeded')")
+        await migrate.downgrade(store, "0010")
+        async with store.connection() as connection:
+            assert await connection.fetchval(validated) is False
+            assert await connection.fetchval("SELECT count(*) FROM agora.runs WHERE job_id = 424242") == 1
+        await migrate.upgrade(store)
+        assert await schema_diff(store) == []
+    finally:
+        await store.close()
