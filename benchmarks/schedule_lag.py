@@ -82,6 +82,9 @@ async def measure(
             )
             if breakdown is not None:
                 breakdown.extend(await connection.fetch(BREAKDOWN, 0 if schedule == "cron" else 1))
+                breakdown.extend(await connection.fetch(
+                    "SELECT id, to_char(started_at, 'HH24:MI:SS.MS') AS registered, runs_pipelines, queues "
+                    "FROM agora.workers ORDER BY started_at"))
         return {key: float(row[key] or 0) for key in ("runs", "p50", "p99", "max")}
 
 
@@ -108,8 +111,13 @@ async def main() -> None:
         print("\n| tick | process | runs | lag min ms | lag p50 ms | lag max ms | first to last start ms |")
         print("|---|---|---:|---:|---:|---:|---:|")
         for part in parts:
-            print(f"| {part['tick']} | {part['worker_id']} | {part['runs']} | {part['min']:.1f} "
-                  f"| {part['p50']:.1f} | {part['max']:.1f} | {part['spread']:.1f} |")
+            if "tick" in part.keys():
+                print(f"| {part['tick']} | {part['worker_id']} | {part['runs']} | {part['min']:.1f} "
+                      f"| {part['p50']:.1f} | {part['max']:.1f} | {part['spread']:.1f} |")
+        print("\n| process (agora.workers) | registered | runs pipelines | queues |\n|---|---|---|---|")
+        for part in parts:
+            if "registered" in part.keys():
+                print(f"| {part['id']} | {part['registered']} | {part['runs_pipelines']} | {','.join(part['queues'])} |")
 
 
 if __name__ == "__main__":

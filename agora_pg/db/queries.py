@@ -388,6 +388,11 @@ SELECT ARRAY(
 ) AS ids, statement_timestamp() AS database_now
 """
 
+# An attempt (or pipeline run) whose outcome its own worker has written (a rescue's row says
+# WorkerLost): a renewal sent between that write and the worker letting go of the lease
+# does not find the attempt held, but it is over, not lost to another worker.
+_ENDED_BY_WORKER = "r.worker_id = $1 AND r.status <> 'running' AND r.error_type IS DISTINCT FROM 'WorkerLost'"
+
 # The lease supervisor's renewal: worker $1 is alive, its worker lease (which covers
 # the jobs it runs) and exactly the pipeline-run leases it holds ($5 pipeline ids, $6 run
 # ids) are extended by $2 seconds. Its job rows are only read, through jobs_locked_by_idx:
@@ -448,18 +453,21 @@ SELECT lost.ids AS lost_job_ids, lost.attempts AS lost_job_attempts,
              WHERE t.pipeline_id NOT IN (SELECT pipeline_id FROM runs_renewed) AND NOT EXISTS (
                  SELECT 1 FROM agora.schedules AS s
                  WHERE s.pipeline_id = t.pipeline_id AND s.lease_run_id = t.run_id AND s.lease_owner = $1
-             )) AS lost_runs
+             ) AND NOT EXISTS (SELECT 1 FROM agora.runs AS r WHERE r.id = t.run_id AND {_ENDED_BY_WORKER})
+             ) AS lost_runs
 FROM (
     SELECT coalesce(array_agg(w.id ORDER BY w.id, w.attempt), '{}') AS ids,
            coalesce(array_agg(w.attempt ORDER BY w.id, w.attempt), '{}') AS attempts
     FROM wanted AS w WHERE NOT EXISTS (SELECT 1 FROM mine AS m WHERE m.id = w.id AND m.attempt = w.attempt)
+      AND NOT EXISTS (SELECT 1 FROM agora.runs AS r WHERE r.job_id = w.id AND r.attempt = w.attempt
+                      AND {_ENDED_BY_WORKER})
 ) AS lost, (
     SELECT coalesce(array_agg(w.id ORDER BY w.id), '{}') AS ids,
            coalesce(array_agg(w.attempt ORDER BY w.id), '{}') AS attempts
     FROM wanted AS w JOIN mine AS m ON m.id = w.id AND m.attempt = w.attempt
     WHERE m.cancel_requested_at IS NOT NULL
 ) AS cancel
-"""
+""".replace("{_ENDED_BY_WORKER}", _ENDED_BY_WORKER)
 
 # The channel a cancel of a running job is announced on (payload: the job id).
 CANCEL_CHANNEL = "agora_cancel"

@@ -615,3 +615,29 @@ async def test_a_renewal_skips_a_run_being_finished_and_does_not_call_it_lost(st
     async with store.connection() as connection:
         await connection.execute("UPDATE agora.schedules SET lease_owner = 'thief' WHERE pipeline_id = 'p'")
     assert (await store.renew_leases("w", 60, [], token)).lost_runs == {"p"}
+
+
+async def test_a_renewal_just_after_a_run_finished_does_not_call_it_lost(store: Store) -> None:
+    """The finish has committed but the worker has not let go of the lease yet (2,000 runs
+    finishing at once showed it as "lease lost (another worker holds it now)")."""
+    from agora_pg.db.schedule_rows import RunFinish, ScheduleRegistration
+    from agora_pg.runner.run_batches import RunBatches
+
+    spec = Schedule.every(seconds=60).spec
+    await store.upsert_schedule(ScheduleRegistration("p", "every", spec, None, 60, 10))
+    await store.register_worker("w", "host", 1, ["default"])
+    batches = RunBatches(store, "w", 30)
+    run = await batches.claim("p", spec)
+    assert run is not None
+    assert await batches.finish(RunFinish("p", "w", run.run_id, "succeeded", None, None, 0, None, "active", 60.0))
+    assert (await store.renew_leases("w", 60, [], [("p", run.run_id)])).lost_runs == set()
+    # a run taken from it by a rescue (its row says WorkerLost): lost
+    async with store.connection() as connection:
+        await connection.execute("UPDATE agora.schedules SET next_run_at = now() - interval '1 second'")
+    taken = await batches.claim("p", spec)
+    assert taken is not None
+    async with store.connection() as connection:
+        await connection.execute(
+            "UPDATE agora.runs SET status = 'abandoned', error_type = 'WorkerLost' WHERE id = $1", taken.run_id)
+        await connection.execute("UPDATE agora.schedules SET lease_owner = 'other', lease_run_id = NULL")
+    assert (await store.renew_leases("w", 60, [], [("p", taken.run_id)])).lost_runs == {"p"}

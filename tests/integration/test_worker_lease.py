@@ -4,6 +4,7 @@ import asyncio
 from typing import Any
 
 from agora_pg import Job, JobStatus, Queue, Settings, Worker
+from agora_pg.db.job_rows import JobFinish
 from agora_pg.db.store import Store
 from agora_pg.worker.job_rescuer import SETTLE_LEASE_SECONDS, JobRescuer
 
@@ -291,3 +292,16 @@ async def test_the_rescue_looks_up_only_the_jobs_of_workers_whose_lease_passed(s
     lookup = plan.split("CTE lost_on_their_own")[0]  # how the dead workers' jobs are found
     assert "Nested Loop" in lookup and "Index Cond: (locked_by = w.id)" in lookup, plan
     assert "Seq Scan on jobs" not in lookup and "Hash Join" not in lookup, plan
+
+
+async def test_a_renewal_just_after_an_outcome_was_written_does_not_call_it_lost(queue: Queue, store: Store) -> None:
+    """The outcome has committed but the completer has not let go of the lease yet."""
+    await _live_worker(store, "w")
+    await queue.enqueue("k")
+    await queue.enqueue("k")
+    done, failed = await store.claim_jobs(["default"], 2, "w", 30)
+    assert await store.complete_succeeded([(done.id, done.attempt)], "w") == {done.id}
+    finish = JobFinish(failed.id, failed.attempt, "failed", "ValueError", "ValueError: no", None, 5.0, False)
+    assert await store.finish_jobs([finish], "w", 3, 3) == {failed.id}
+    renewal = await store.renew_leases("w", 30, [(done.id, done.attempt), (failed.id, failed.attempt)], [])
+    assert renewal.lost_jobs == set()
