@@ -85,7 +85,6 @@ class AgoraSystem(System):
         ))
 
 
-
 async def _scalar(url: str, sql: str) -> object:
     connection = await asyncpg.connect(Database(url).asyncpg_url)
     try:
