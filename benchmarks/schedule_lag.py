@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import signal
 import subprocess
@@ -23,28 +24,54 @@ from agora_pg.settings import Settings, load_settings
 from benchmarks.drain import ROOT, scratch_database, worker_environment
 
 
-# The lag of the measured runs by tick and process, and how it grows through one claim
-# statement (its rows' started_at are clock_timestamp() as the statement reaches them).
-BREAKDOWN = """
+# The measured runs (every pipeline's but the first $1) with their lag.
+MEASURED_RUNS = """
 WITH numbered AS (
     SELECT worker_id, scheduled_for, started_at, extract(epoch FROM started_at - scheduled_for) * 1000 AS lag_ms,
            row_number() OVER (PARTITION BY pipeline_id ORDER BY scheduled_for) AS n
     FROM agora.runs WHERE pipeline_id IS NOT NULL AND status = 'succeeded'
-)
+), measured AS (SELECT * FROM numbered WHERE n > $1)
+"""
+
+LAG = MEASURED_RUNS + """
+SELECT count(*) AS runs,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY lag_ms) AS p50,
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY lag_ms) AS p99,
+       max(lag_ms) AS max
+FROM measured
+"""
+
+# Each tick's lag by process, and how it grows through one claim statement (its rows'
+# started_at are clock_timestamp() as the statement reaches them).
+LAG_BY_TICK = MEASURED_RUNS + """
 SELECT to_char(scheduled_for, 'HH24:MI:SS') AS tick, worker_id, count(*) AS runs,
        percentile_cont(0.5) WITHIN GROUP (ORDER BY lag_ms) AS p50, max(lag_ms) AS max,
        min(lag_ms) AS min, extract(epoch FROM max(started_at) - min(started_at)) * 1000 AS spread
-FROM numbered WHERE n > $1
+FROM measured
 GROUP BY scheduled_for, worker_id ORDER BY scheduled_for, worker_id
 """
+
+PROCESSES = (
+    "SELECT id, to_char(started_at, 'HH24:MI:SS.MS') AS registered, runs_pipelines, queues "
+    "FROM agora.workers ORDER BY started_at"
+)
+
+
+@dataclasses.dataclass
+class Breakdown:
+    """What ``--breakdown`` prints: rows of ``LAG_BY_TICK`` and of ``PROCESSES``."""
+
+    ticks: list[asyncpg.Record] = dataclasses.field(default_factory=list)
+    processes: list[asyncpg.Record] = dataclasses.field(default_factory=list)
 
 
 async def measure(
     settings: Settings, pipelines: int, seconds: float, schedule: str = "every1s", processes: int = 1,
-    breakdown: list[asyncpg.Record] | None = None,
+    breakdown: Breakdown | None = None,
 ) -> dict[str, float]:
     """Run the pipelines for ``seconds`` on ``processes`` worker processes; lag percentiles in ms
-    (and each tick's runs by process appended to ``breakdown``, if given)."""
+    (and, into ``breakdown`` if given, each tick's lag by process and the processes' rows)."""
+    first_measured = 0 if schedule == "cron" else 1  # a cron schedule's first run is a real tick
     async with scratch_database(settings) as (database, store):
         env = worker_environment(
             AGORA_PG_DATABASE_URL=database.url, AGORA_PG_LOG_LEVEL="WARNING",
@@ -65,26 +92,10 @@ async def measure(
             for process in started:
                 process.wait(timeout=60)
         async with store.connection() as connection:
-            row = await connection.fetchrow(
-                """
-                WITH numbered AS (
-                    SELECT extract(epoch FROM started_at - scheduled_for) * 1000 AS lag_ms,
-                           row_number() OVER (PARTITION BY pipeline_id ORDER BY scheduled_for) AS n
-                    FROM agora.runs WHERE pipeline_id IS NOT NULL AND status = 'succeeded'
-                )
-                SELECT count(*) AS runs,
-                       percentile_cont(0.5) WITHIN GROUP (ORDER BY lag_ms) AS p50,
-                       percentile_cont(0.99) WITHIN GROUP (ORDER BY lag_ms) AS p99,
-                       max(lag_ms) AS max
-                FROM numbered WHERE n > $1
-                """,
-                0 if schedule == "cron" else 1,  # a cron schedule's first run is a real tick
-            )
+            row = await connection.fetchrow(LAG, first_measured)
             if breakdown is not None:
-                breakdown.extend(await connection.fetch(BREAKDOWN, 0 if schedule == "cron" else 1))
-                breakdown.extend(await connection.fetch(
-                    "SELECT id, to_char(started_at, 'HH24:MI:SS.MS') AS registered, runs_pipelines, queues "
-                    "FROM agora.workers ORDER BY started_at"))
+                breakdown.ticks = await connection.fetch(LAG_BY_TICK, first_measured)
+                breakdown.processes = await connection.fetch(PROCESSES)
         return {key: float(row[key] or 0) for key in ("runs", "p50", "p99", "max")}
 
 
@@ -103,22 +114,20 @@ async def main() -> None:
         settings = settings.replace(database_url=args.database_url)
     print("| pipelines | schedule | processes | seconds | runs measured | lag p50 ms | lag p99 ms | lag max ms |")
     print("|---:|---|---:|---:|---:|---:|---:|---:|")
-    parts: list[asyncpg.Record] | None = [] if args.breakdown else None
-    lag = await measure(settings, args.pipelines, args.seconds, args.schedule, args.processes, parts)
+    breakdown = Breakdown() if args.breakdown else None
+    lag = await measure(settings, args.pipelines, args.seconds, args.schedule, args.processes, breakdown)
     print(f"| {args.pipelines} | {args.schedule} | {args.processes} | {args.seconds:.0f} | {lag['runs']:.0f} "
           f"| {lag['p50']:.1f} | {lag['p99']:.1f} | {lag['max']:.1f} |")
-    if parts:
+    if breakdown is not None:
         print("\n| tick | process | runs | lag min ms | lag p50 ms | lag max ms | first to last start ms |")
         print("|---|---|---:|---:|---:|---:|---:|")
-        for part in parts:
-            if "tick" in part.keys():
-                print(f"| {part['tick']} | {part['worker_id']} | {part['runs']} | {part['min']:.1f} "
-                      f"| {part['p50']:.1f} | {part['max']:.1f} | {part['spread']:.1f} |")
+        for tick in breakdown.ticks:
+            print(f"| {tick['tick']} | {tick['worker_id']} | {tick['runs']} | {tick['min']:.1f} "
+                  f"| {tick['p50']:.1f} | {tick['max']:.1f} | {tick['spread']:.1f} |")
         print("\n| process (agora.workers) | registered | runs pipelines | queues |\n|---|---|---|---|")
-        for part in parts:
-            if "registered" in part.keys():
-                print(f"| {part['id']} | {part['registered']} | {part['runs_pipelines']} | {','.join(part['queues'])} |")
-
+        for process in breakdown.processes:
+            print(f"| {process['id']} | {process['registered']} | {process['runs_pipelines']} "
+                  f"| {','.join(process['queues'])} |")
 
 if __name__ == "__main__":
     asyncio.run(main())
