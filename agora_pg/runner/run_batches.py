@@ -67,6 +67,7 @@ class _Batcher(Generic[Ask, Answer]):
         self._sender: asyncio.Task[None] | None = None
         self._first_ask_at = 0.0
         self._nap: asyncio.Future[None] | None = None  # the sender waiting for a not_before
+        self._nap_until = 0.0  # (monotonic) the moment it waits for
 
     async def ask(self, key: str, ask: Ask, not_before: float = 0.0) -> Answer | None:
         """The answer for ``key``, asked in a statement sent at ``not_before`` (monotonic)
@@ -77,8 +78,10 @@ class _Batcher(Generic[Ask, Answer]):
         if self._sender is None:
             self._first_ask_at = time.monotonic()
             self._sender = asyncio.create_task(self._send(), name=self._name)
-        elif self._nap is not None and not self._nap.done() and not_before <= time.monotonic():
-            self._nap.set_result(None)  # due now: the sender stops waiting for later asks
+        elif self._nap is not None and not self._nap.done() and not_before < self._nap_until:
+            # Due sooner than the moment the sender waits for (a tick's own claims asked
+            # while it waits for a fallback claim's): it looks again at what is pending.
+            self._nap.set_result(None)
         try:
             return await asyncio.shield(pending.answer)
         except asyncio.CancelledError:
@@ -108,9 +111,10 @@ class _Batcher(Generic[Ask, Answer]):
             self._sender = None
 
     async def _wait_for_due(self, seconds: float) -> None:
-        """Wait ``seconds``, or less if an ask that is due now arrives."""
+        """Wait ``seconds``, or less if an ask due sooner than that arrives."""
         loop = asyncio.get_running_loop()
         self._nap = nap = loop.create_future()
+        self._nap_until = time.monotonic() + seconds
         timer = loop.call_later(seconds, resolve_once, nap, None)
         try:
             await nap

@@ -43,6 +43,22 @@ async def test_an_ask_due_now_is_not_held_behind_one_due_later() -> None:
     assert [asks for _, asks in recorder.batches] == [["now"], ["later"]]
 
 
+async def test_an_ask_due_sooner_is_not_held_behind_one_due_later() -> None:
+    # A tick's own-share claims (due at the tick) asked while the sender waits for a
+    # fallback claim's moment (half a second later): they go out at their own moment.
+    recorder = Recorder()
+    batcher: _Batcher[str, str] = _Batcher(recorder.send, "test", gather_seconds=0.005)
+    start = time.monotonic()
+    fallback = asyncio.create_task(batcher.ask("fallback", "fallback", not_before=start + 0.5))
+    await asyncio.sleep(0.02)  # the sender now waits for the fallback's moment
+    own_due = start + 0.1
+    assert await batcher.ask("own", "own", not_before=own_due) == "OWN"
+    assert await fallback == "FALLBACK"
+    assert [asks for _, asks in recorder.batches] == [["own"], ["fallback"]]
+    (own_sent, _), (fallback_sent, _) = recorder.batches
+    assert own_due <= own_sent < start + 0.5 <= fallback_sent
+
+
 async def test_a_key_asked_twice_goes_out_in_two_statements() -> None:
     recorder = Recorder()
     batcher: _Batcher[str, str] = _Batcher(recorder.send, "test", gather_seconds=0.005)
