@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import asyncpg
 import pytest
+
+from agora_pg.db.connect import Database
+from benchmarks.compare.systems.base import CREATE_LATENCY_TABLE, latency_payload, record_latency
 
 from ..conftest import Server
 
@@ -35,3 +40,15 @@ def test_compare_harness_produces_a_table_for_agora(pg_server: Server, tmp_path:
     table = (folder / "results.md").read_text()
     assert "| 2. drain 300 jobs, 1 process(es) | jobs/s |" in table
     assert "| 5. drain, 1 process, 1,000 finished jobs in history (median of 3) | jobs/s |" in table
+
+
+async def test_latency_handlers_running_at_once_each_record_their_latency(fresh_db: str) -> None:
+    # The latency handlers of every compared worker share one recording connection; two
+    # running at once must both record (asyncpg refuses a second operation in progress).
+    connection = await asyncpg.connect(Database(fresh_db).asyncpg_url)
+    try:
+        await connection.execute(CREATE_LATENCY_TABLE)
+        await asyncio.gather(*(record_latency(connection, latency_payload()) for _ in range(20)))
+        assert await connection.fetchval("SELECT count(*) FROM public.bench_latency") == 20
+    finally:
+        await connection.close()

@@ -19,6 +19,7 @@ A system is driven only through its public API. The harness:
 from __future__ import annotations
 
 import abc
+import asyncio
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -39,10 +40,17 @@ def latency_payload() -> dict[str, Any]:
     return {"sent_at": time.time()}
 
 
+_RECORD_LOCKS: dict[int, asyncio.Lock] = {}  # id of a worker's recording connection: its lock
+
+
 async def record_latency(connection: asyncpg.Connection, payload: dict[str, Any]) -> None:
-    """Called first thing in a latency handler."""
+    """Called first thing in a latency handler. The latency is taken before anything is
+    awaited; then the inserts of handlers running at once take turns on the worker's one
+    recording connection (asyncpg runs one operation at a time on a connection: two
+    overlapping handlers failed with "another operation is in progress")."""
     latency_ms = (time.time() - float(payload["sent_at"])) * 1000.0
-    await connection.execute("INSERT INTO public.bench_latency (latency_ms) VALUES ($1)", latency_ms)
+    async with _RECORD_LOCKS.setdefault(id(connection), asyncio.Lock()):
+        await connection.execute("INSERT INTO public.bench_latency (latency_ms) VALUES ($1)", latency_ms)
 
 
 class System(abc.ABC):
