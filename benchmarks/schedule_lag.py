@@ -5,7 +5,7 @@ on one `agora-pg worker` process (or several, each registering all N: every tick
         [--processes 1] [--database-url URL] [--breakdown]
 
 Lag is how late a run starts: agora.runs.started_at - agora.runs.scheduled_for,
-over every run but each pipeline's first (whose due time is the registration) and but
+over every run except each pipeline's first (whose due time is the registration) and
 the runs of ticks due while the processes were starting: before the last process had
 registered in agora.workers (which it does once each of its pipelines has registered and
 made its first claim). Those are counted apart ("start-up runs"): a tick that falls
