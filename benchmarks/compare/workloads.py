@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import statistics
 import time
 
@@ -14,18 +15,47 @@ from benchmarks.compare.systems.base import System
 
 DRAIN_TIMEOUT = 900.0
 BATCH_ENQUEUE_REPEATS = 5
+ENQUEUE_ONE_ROUNDS = 10
+
+
+# A Python client's single-row insert into a plain table: what a Python job system could
+# reach at best, one job per call (pgbench's C client needs no event loop and no encoding).
+PLAIN_TABLE = "CREATE TABLE IF NOT EXISTS bench_plain_inserts (id bigserial PRIMARY KEY, payload jsonb NOT NULL)"
+PLAIN_INSERT = "INSERT INTO bench_plain_inserts (payload) VALUES ($1::text::jsonb)"
+
+
+async def plain_insert_seconds(connection: asyncpg.Connection, count: int) -> float:
+    """Seconds for ``count`` single-row inserts (one durable commit each) through
+    ``connection`` on this event loop, the payload encoded per call as an enqueue does."""
+    started = time.perf_counter()
+    for index in range(count):
+        await connection.execute(PLAIN_INSERT, json.dumps({"i": index}))
+    return time.perf_counter() - started
 
 
 async def enqueue_rates(server: Database, system: System, count: int) -> dict[str, float]:
+    """One-at-a-time and batch enqueue rates. The one-at-a-time run is cut into
+    ``ENQUEUE_ONE_ROUNDS`` rounds, each after as many plain Python inserts (the machine's
+    commit latency drifts within a minute: a ratio of runs far apart says little)."""
     async with fresh_database(server, system, "enq1") as url:
-        one = await system.enqueue_one_by_one(url, count)
+        connection = await asyncpg.connect(url)
+        try:
+            await connection.execute(PLAIN_TABLE)
+            await connection.execute(PLAIN_INSERT, json.dumps({"i": -1}))  # (prepared before any clock starts)
+            one = plain = 0.0
+            for round_ in range(ENQUEUE_ONE_ROUNDS):
+                jobs = count // ENQUEUE_ONE_ROUNDS + (round_ < count % ENQUEUE_ONE_ROUNDS)
+                plain += await plain_insert_seconds(connection, jobs)
+                one += await system.enqueue_one_by_one(url, jobs)
+        finally:
+            await connection.close()
     async with fresh_database(server, system, "enqb") as url:
         # A 10,000-job batch enqueue takes a few tenths of a second: report the median
         # of several, one after another into the same table.
         batch = statistics.median(
             [await system.enqueue_batch(url, count, warm_up=True) for _ in range(BATCH_ENQUEUE_REPEATS)]
         )
-    return {"enqueue_one_per_s": count / one, "enqueue_batch_per_s": count / batch}
+    return {"enqueue_one_per_s": count / one, "enqueue_batch_per_s": count / batch, "plain_insert_per_s": count / plain}
 
 
 async def drain_rate(server: Database, system: System, jobs: int, processes: int, label: str = "drain") -> float:

@@ -34,11 +34,14 @@ def test_compare_harness_produces_a_table_for_agora(pg_server: Server, tmp_path:
     results = json.loads((folder / "results.json").read_text())
     assert results["errors"] == []
     agora = results["systems"]["agora"]
-    for metric in ("enqueue_one_per_s", "enqueue_batch_per_s", "drain_1p", "wakeup_p50", "wakeup_p99",
+    for metric in ("enqueue_one_per_s", "plain_insert_per_s", "enqueue_batch_per_s", "drain_1p", "wakeup_p50", "wakeup_p99",
                    "drain_empty_1p_median", "drain_grown_1p"):
         assert isinstance(agora[metric], float) and agora[metric] > 0, metric
     table = (folder / "results.md").read_text()
     assert "| 2. drain 300 jobs, 1 process(es) | jobs/s |" in table
+    paired = f"{agora['plain_insert_per_s']:,.0f} (asyncpg insert one into a plain table, around agora-pg's run)"
+    assert f"| 1. enqueue, one call per job, against a Python client | jobs/s | {agora['enqueue_one_per_s']:,.0f} |" in table
+    assert paired in table
     assert "| 5. drain, 1 process, 1,000 finished jobs in history (median of 3) | jobs/s |" in table
 
 

@@ -358,6 +358,55 @@ async def test_lost_lease_is_taken_over_as_a_failed_run_and_the_late_finish_is_f
     assert statuses == {"ghost": "abandoned", "other": "running"}
 
 
+async def test_a_claim_whose_reply_was_lost_is_settled_by_the_next_claim(store: Store) -> None:
+    from agora_pg.db.schedule_rows import ScheduleRegistration
+
+    spec = Schedule.every(seconds=60).spec
+    await store.upsert_schedule(ScheduleRegistration("p", "every", spec, None, 60, 10))
+    lost = await store.claim_pipeline_run("p", spec, "w", 30)  # committed; say its reply never came
+    assert lost is not None
+    again = await store.claim_pipeline_run("p", spec, "w", 30)
+    assert again is not None and again.run_id != lost.run_id
+    assert again.scheduled_for > lost.scheduled_for  # the abandoned row keeps its tick
+    recorded = await runs(store, "p")
+    assert [run["status"] for run in recorded] == ["abandoned", "running"]
+    assert recorded[0]["error_message"].startswith("ClaimLost: the claim's reply was lost")
+    assert await store.claim_pipeline_run("p", spec, "other", 30) is None  # still leased: no overlap
+
+
+def _cte_scans(node: dict[str, Any]) -> list[dict[str, Any]]:
+    found = [node] if node.get("Node Type") == "CTE Scan" else []
+    return found + [scan for child in node.get("Plans", []) for scan in _cte_scans(child)]
+
+
+async def test_a_claim_beside_another_process_s_running_runs_reads_its_due_rows_once(store: Store) -> None:
+    # The first tick of a second process on a young runs table: 300 runs of another process
+    # are running. The claim once scanned its due rows again for each of them.
+    from agora_pg.db import queries
+    from agora_pg.db.schedule_rows import ScheduleRegistration
+
+    spec = Schedule.cron("* * * * *").spec
+    mine, theirs = [f"mine-{i:03d}" for i in range(300)], [f"theirs-{i:03d}" for i in range(300)]
+    for pipeline_id in mine + theirs:
+        await store.upsert_schedule(ScheduleRegistration(pipeline_id, "cron", spec, None, 60, 10))
+    async with store.connection() as connection:
+        await connection.execute("UPDATE agora.schedules SET next_run_at = now() - interval '1 second'")
+    assert len(await store.claim_pipeline_runs([(p, spec) for p in theirs], "them", 30)) == 300
+    async with store.connection() as connection:
+        transaction = connection.transaction()
+        await transaction.start()
+        try:
+            [[plan]] = await connection.fetch(
+                f"EXPLAIN (ANALYZE, FORMAT JSON) {queries.CLAIM_PIPELINE_RUNS}", mine, "me", [spec] * len(mine), 30.0
+            )
+        finally:
+            await transaction.rollback()
+    root = json.loads(plan)[0]["Plan"]
+    assert root["Actual Rows"] == len(mine)
+    rescans = [scan for scan in _cte_scans(root) if scan["Actual Loops"] > 1]
+    assert rescans == [], json.dumps(root)
+
+
 async def test_the_same_tick_cannot_be_recorded_twice(store: Store) -> None:
     when = datetime.now(UTC)
     async with store.connection() as connection:
