@@ -29,52 +29,8 @@ _FALSE = {"0", "false", "no", "off"}
 class Settings:
     """Everything a queue client or a worker process is configured with.
 
-    Environment variables (defaults in brackets):
-
-    - ``AGORA_PG_DATABASE_URL`` or ``DATABASE_URL`` [none: embedded server]
-    - ``AGORA_PG_DATA_DIR``: the embedded server's data directory [``.agora-pg``]
-    - ``WORKER_POLL_SECONDS``: poll interval when no notification arrives [1.0]
-    - ``WORKER_MAX_RETRIES``: default ``max_retries`` of a job [3]
-    - ``WORKER_CONCURRENCY``: jobs one worker process runs at once [10]
-    - ``WORKER_LEASE_SECONDS``: how long a claim lives without heartbeat [30]
-    - ``WORKER_QUEUES``: comma-separated queues a worker takes jobs from [default]
-    - ``WORKER_NOTIFICATIONS``: ``on`` to LISTEN for new jobs, ``off`` to poll only [on]
-    - ``WORKER_SHUTDOWN_TIMEOUT``: seconds in-flight jobs get after SIGTERM [30]
-    - ``WORKER_RETRY_BACKOFF_SECONDS``: delay before the first retry [2]
-    - ``WORKER_RETRY_BACKOFF_MAX_SECONDS``: cap of the exponential delay [3600]
-    - ``WORKER_JOB_TIMEOUT``: seconds an attempt may run unless its kind or the job
-      says otherwise; ``0`` for none [900]
-    - ``WORKER_MAX_LOST_ATTEMPTS``: lost attempts (worker gone, lease lost, cut short at
-      shutdown) after which a job fails, apart from ``max_retries`` [3]
-    - ``AGORA_PG_DATABASE_TIMEOUT``: deadline of every database call agora-pg makes [30]
-    - ``AGORA_PG_API_TOKEN``: bearer token the API requires [none: no authentication]
-    - ``AGORA_PG_API_MAX_PAYLOAD_BYTES``: largest job payload the API accepts [1048576]
-    - ``AGORA_PG_API_MAX_CONNECTIONS``: connections and requests ``agora-pg api`` serves
-      at once; past it, requests are answered 503 [1000]
-    - ``AGORA_PG_API_READ_TIMEOUT``: seconds a connection of ``agora-pg api`` has to send
-      a whole request (headers and body) before it is closed [10]
-    - ``AGORA_PG_API_KEEP_ALIVE_SECONDS``: how long ``agora-pg api`` keeps an idle
-      keep-alive connection open [5]
-    - ``AGORA_PG_API_ALLOWED_ORIGINS``: comma-separated origins (``http://localhost:3000``)
-      whose pages may call an API that has no token [none: only the API's own]
-    - ``WORKER_HEALTH_PORT``: a WorkerPool's health server port, over the one given in
-      code or config (0: any free port) [the code's]
-    - ``WORKER_HEALTH_HOST``: the address a WorkerPool's health server listens on
-      [``127.0.0.1``; containers set ``0.0.0.0``]
-    - ``WORKER_HEALTH_ERROR_DETAILS``: ``on`` to show pipelines' raw error texts on the
-      health server (which has no login) rather than their types [off]
-    - ``AGORA_PG_PRUNE_AFTER``: age after which workers delete done and cancelled jobs
-      (with their runs), pipeline runs and replayed dead letters; ``off`` keeps all [30d]
-    - ``AGORA_PG_PRUNE_FAILED_AFTER``: the same for jobs that failed for good [90d]
-    - ``AGORA_PG_PRUNE_INTERVAL``: seconds between a worker's pruning rounds [600]
-    - ``AGORA_PG_TRANSACTION_POOLING``: ``on`` when the database URL goes through a pooler
-      in transaction mode (PgBouncer's ``pool_mode = transaction``): no prepared statement
-      outlives a transaction, and every statement runs in a transaction of its own [off]
-    - ``AGORA_PG_LISTEN_DATABASE_URL``: where LISTEN connections go, when not to the
-      database URL (with transaction pooling: the server itself, or a session-mode pool;
-      without it, workers poll) [the database URL]
-    - ``AGORA_PG_PIPELINES_CONFIG``: an ``agora/v1`` file whose pipelines the API may
-      replay dead letters of (``POST /dead-letters/{pipeline_id}/replay``) [none]
+    ``load_settings(os.environ)`` reads the environment variables of ``VARIABLES``
+    (the configuration reference of the docs is generated from that list).
     """
 
     database_url: str | None = None
@@ -190,18 +146,88 @@ def load_settings(env: Mapping[str, str]) -> Settings:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class Variable:
+    """An environment variable agora-pg reads: its names (the first wins), its default in
+    words, and what it does."""
+
+    names: tuple[str, ...]
+    default: str
+    meaning: str
+
+
+VARIABLES: tuple[Variable, ...] = (
+    Variable(("AGORA_PG_DATABASE_URL", "DATABASE_URL"), "the embedded server",
+             "`postgresql://user:pass@host:5432/db`; the first wins when both are set"),
+    Variable(("AGORA_PG_DATA_DIR",), "`.agora-pg`", "where the embedded server keeps its data"),
+    Variable(("WORKER_CONCURRENCY",), "10",
+             "jobs one worker process holds at once (`--concurrency`): a job's slot is free again once its "
+             "outcome is written, not when its handler returns, so a worker's memory and the finished but "
+             "unrecorded work a crash would run again are bounded by it"),
+    Variable(("WORKER_QUEUES",), "`default`", "comma-separated queues to take jobs from (`--queues`)"),
+    Variable(("WORKER_POLL_SECONDS",), "1.0", "poll interval when no notification arrives"),
+    Variable(("WORKER_MAX_RETRIES",), "3", "`max_retries` of jobs enqueued without one"),
+    Variable(("WORKER_LEASE_SECONDS",), "30",
+             "a worker's lease on its running jobs (and a pipeline run's); a silent worker's jobs are "
+             "rescued after it"),
+    Variable(("WORKER_NOTIFICATIONS",), "`on`", "`off` stops workers from using `LISTEN` (polling only)"),
+    Variable(("WORKER_SHUTDOWN_TIMEOUT",), "30", "seconds running jobs get after SIGTERM"),
+    Variable(("WORKER_RETRY_BACKOFF_SECONDS",), "2", "delay before the first retry"),
+    Variable(("WORKER_RETRY_BACKOFF_MAX_SECONDS",), "3600", "cap of the exponential retry delay"),
+    Variable(("WORKER_JOB_TIMEOUT",), "900",
+             "seconds an attempt may run unless its kind or the job says otherwise; `0` for none"),
+    Variable(("WORKER_MAX_LOST_ATTEMPTS",), "3",
+             "lost attempts (worker gone, lease lost, cut short at shutdown) after which a job fails, apart "
+             "from `max_retries`"),
+    Variable(("AGORA_PG_DATABASE_TIMEOUT",), "30",
+             "deadline, in seconds, of every database call agora-pg makes (a call past it counts as a lost "
+             "connection)"),
+    Variable(("AGORA_PG_API_TOKEN",), "none",
+             "bearer token the API requires (16+ characters, 8+ different ones); without it the API has no "
+             "authentication and answers only this machine"),
+    Variable(("AGORA_PG_API_MAX_PAYLOAD_BYTES",), "1048576",
+             "largest job payload `POST /jobs` accepts, as JSON (413 above it)"),
+    Variable(("AGORA_PG_API_ALLOWED_ORIGINS",), "none",
+             "comma-separated origins (`http://localhost:3000`) whose pages may call an API that has no "
+             "token; others get 403"),
+    Variable(("AGORA_PG_API_MAX_CONNECTIONS",), "1000",
+             "connections and requests `agora-pg api` serves at once; past it, 503"),
+    Variable(("AGORA_PG_API_READ_TIMEOUT",), "10",
+             "seconds a connection of `agora-pg api` has to send a whole request (headers and body) before "
+             "it is closed"),
+    Variable(("AGORA_PG_API_KEEP_ALIVE_SECONDS",), "5", "seconds an idle keep-alive connection stays open"),
+    Variable(("WORKER_HEALTH_PORT",), "the code's",
+             "a WorkerPool's health server port, over the `health_port` given in code or config "
+             "(`--health-port`; 0: any free port)"),
+    Variable(("WORKER_HEALTH_HOST",), "`127.0.0.1`",
+             "the address of a WorkerPool's health server (`--health-host`; containers: `0.0.0.0`)"),
+    Variable(("WORKER_HEALTH_ERROR_DETAILS",), "`off`",
+             "`on`: the health server (which has no login) shows pipelines' raw error texts, not only their "
+             "types"),
+    Variable(("AGORA_PG_PRUNE_AFTER",), "`30d`",
+             "age after which workers delete done and cancelled jobs (with their runs), pipeline runs and "
+             "replayed dead letters; `off` keeps all"),
+    Variable(("AGORA_PG_PRUNE_FAILED_AFTER",), "`90d`",
+             "the same for jobs that failed for good (never shorter than `AGORA_PG_PRUNE_AFTER`)"),
+    Variable(("AGORA_PG_PRUNE_INTERVAL",), "600", "seconds between a worker's pruning rounds"),
+    Variable(("AGORA_PG_TRANSACTION_POOLING",), "`off`",
+             "`on` when the database URL goes through a pooler in transaction mode (PgBouncer's "
+             "`pool_mode = transaction`): no prepared statement outlives a transaction, and every statement "
+             "runs in a transaction of its own"),
+    Variable(("AGORA_PG_LISTEN_DATABASE_URL",), "the database URL",
+             "where `LISTEN` connections go; with transaction pooling, the server itself or a session-mode "
+             "pool (without it, workers poll)"),
+    Variable(("AGORA_PG_PIPELINES_CONFIG",), "none",
+             "an `agora/v1` file whose pipelines the API (and its dashboard) may replay dead letters of"),
+    Variable(("AGORA_PG_LOG_LEVEL",), "`INFO`", "log level of the `agora-pg` commands (`--log-level`)"),
+    Variable(("AGORA_PG_LOG_FORMAT",), "`text`",
+             "`json`: one JSON object per log line (`time`, `level`, `logger`, `message`, `exception`) for "
+             "log collectors (`--log-format`)"),
+    Variable(("AGORA_PG_TEST_DATABASE_URL",), "the embedded server",
+             "the server on which the pytest plugin (`agora_pg.testing`) creates its test databases"),
+)
 # Every variable agora-pg reads; others with these prefixes are likely misspelled.
-KNOWN_VARIABLES = frozenset({
-    "AGORA_PG_DATABASE_URL", "DATABASE_URL", "AGORA_PG_DATA_DIR", "AGORA_PG_DATABASE_TIMEOUT", "AGORA_PG_API_TOKEN",
-    "AGORA_PG_API_MAX_PAYLOAD_BYTES", "AGORA_PG_LOG_LEVEL", "AGORA_PG_LOG_FORMAT", "AGORA_PG_TEST_DATABASE_URL",
-    "WORKER_POLL_SECONDS", "WORKER_MAX_RETRIES", "WORKER_CONCURRENCY", "WORKER_LEASE_SECONDS", "WORKER_QUEUES",
-    "WORKER_NOTIFICATIONS", "WORKER_SHUTDOWN_TIMEOUT", "WORKER_RETRY_BACKOFF_SECONDS",
-    "WORKER_RETRY_BACKOFF_MAX_SECONDS", "WORKER_JOB_TIMEOUT", "WORKER_MAX_LOST_ATTEMPTS", "WORKER_HEALTH_PORT",
-    "AGORA_PG_TRANSACTION_POOLING", "AGORA_PG_LISTEN_DATABASE_URL", "AGORA_PG_API_ALLOWED_ORIGINS",
-    "AGORA_PG_API_MAX_CONNECTIONS", "AGORA_PG_API_READ_TIMEOUT", "AGORA_PG_API_KEEP_ALIVE_SECONDS",
-    "WORKER_HEALTH_HOST", "WORKER_HEALTH_ERROR_DETAILS", "AGORA_PG_PRUNE_AFTER", "AGORA_PG_PRUNE_FAILED_AFTER",
-    "AGORA_PG_PRUNE_INTERVAL", "AGORA_PG_PIPELINES_CONFIG",
-})
+KNOWN_VARIABLES = frozenset(name for variable in VARIABLES for name in variable.names)
 CHECKED_PREFIXES = ("AGORA_PG_", "WORKER_")
 
 

@@ -1,4 +1,5 @@
-"""The queries of the README's "Querying run history with SQL" section run and answer."""
+"""The queries of the docs' "SQL on run history" page run and answer, and so does the
+README's."""
 
 import re
 from datetime import UTC, datetime, timedelta
@@ -10,17 +11,25 @@ from agora_pg.db.store import Store
 
 from .helpers import record_failure
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+REPO = Path(__file__).resolve().parents[2]
+SQL_PAGE = REPO / "docs" / "guides" / "sql.md"
 
 
-def readme_queries() -> list[str]:
-    text = README.read_text()
-    section = text.split("## Querying run history with SQL", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"```sql\n(.*?)```", section, flags=re.DOTALL)
+def documented_queries(page: Path = SQL_PAGE) -> list[str]:
+    return re.findall(r"```sql\n(.*?)```", page.read_text(), flags=re.DOTALL)
 
 
-async def test_readme_history_queries_run_on_real_history(queue: Queue, store: Store) -> None:
-    queries = readme_queries()
+async def test_the_readme_s_query_counts_the_queue(queue: Queue, store: Store) -> None:
+    [query] = documented_queries(REPO / "README.md")
+    await queue.enqueue_many([JobSpec("mail"), JobSpec("mail", queue="reports")])
+    async with store.connection() as connection:
+        rows = await connection.fetch(query)
+    assert {(row["queue"], row["state"], row["jobs"]) for row in rows} == {("default", "pending", 1),
+                                                                         ("reports", "pending", 1)}
+
+
+async def test_documented_history_queries_run_on_real_history(queue: Queue, store: Store) -> None:
+    queries = documented_queries()
     assert len(queries) == 7
     jobs = await queue.enqueue_many([JobSpec("mail"), JobSpec("mail"), JobSpec("report")])
     await store.register_worker("w1", "host", 1, ["default"])
@@ -52,7 +61,7 @@ async def test_readme_history_queries_run_on_real_history(queue: Queue, store: S
 
 
 async def test_queue_now_and_metrics_count_the_same_jobs(queue: Queue, store: Store) -> None:
-    """A job failed for good is history: neither the README's query nor /metrics counts it;
+    """A job failed for good is history: neither the documented query nor /metrics counts it;
     a job failed with a retry left is 'retrying' in both."""
     await queue.enqueue_many([JobSpec("k", max_retries=0), JobSpec("k", max_retries=3), JobSpec("k"),
                               JobSpec("later", run_at=datetime.now(UTC) + timedelta(hours=1))])
@@ -60,7 +69,7 @@ async def test_queue_now_and_metrics_count_the_same_jobs(queue: Queue, store: St
     claimed = await store.claim_jobs(["default"], 2, "w1", 30)
     for job in claimed:
         await record_failure(store, job.id, job.attempt, "w1", "ValueError: x", delay=0)
-    query = next(sql for sql in readme_queries() if "agora.queue_now" in sql)
+    query = next(sql for sql in documented_queries() if "agora.queue_now" in sql)
     async with store.connection() as connection:
         rows = await connection.fetch(query)
     by_sql = {(row["queue"], row["state"]): row["jobs"] for row in rows}
