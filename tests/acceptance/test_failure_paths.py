@@ -174,6 +174,11 @@ async def test_sigterm_stops_a_worker_whose_database_is_silent(
     assert hurried.returncode == graceful.returncode == 0, outputs
 
 
+async def _registered(url: str, pid: int) -> bool:
+    """The worker process ``pid`` registered (its signal handlers are in place by then)."""
+    return bool(await scalar(url, "SELECT count(*) FROM agora.workers WHERE pid = $1", pid))
+
+
 async def _workers_registered(url: str, count: int) -> bool:
     """Exactly ``count`` job workers registered (a pool running pipelines has a row too)."""
     return await scalar(url, "SELECT count(*) FROM agora.workers WHERE NOT runs_pipelines") == count
@@ -387,7 +392,8 @@ async def test_a_job_that_kills_its_process_fails_alone_and_its_neighbours_keep_
                 workers[index] = start_worker(processes, database_url, "--concurrency", "10",
                                               LEDGER_DIR=str(ledger_dir))
         await asyncio.sleep(0.2)
-    for worker in workers:
+    for worker in workers:  # (the last replacement may still be starting: SIGTERM would end it unhandled)
+        await eventually(lambda worker=worker: _registered(database_url, worker.pid), 30, "the worker starting")
         code, output = stop(worker)
         assert code == 0, output[-3000:]
     failed = await job_row(database_url, killer.id)

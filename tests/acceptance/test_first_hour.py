@@ -20,7 +20,7 @@ from agora_pg.db import migrate
 
 from ..conftest import Processes
 from .test_api_processes import wait_ready
-from .test_worker_processes import free_port, worker_env
+from .test_worker_processes import free_port, output_until, worker_env
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.acceptance
@@ -148,9 +148,10 @@ async def test_dev_gives_the_worker_a_free_health_port_when_the_modules_is_taken
         dev = processes.start(cli("dev", "--port", str(port)), worker_env(database_url), REPO)
         base = f"http://127.0.0.1:{port}"
         await wait_ready(base, dev)
+        started = await output_until(dev, "health server on")  # (the API may answer before the worker's)
         os.kill(dev.pid, signal.SIGINT)
         output, _ = dev.communicate(timeout=60)
-    text = output.decode(errors="replace")
+    text = started + output.decode(errors="replace")
     assert dev.returncode == 0, text
     [line] = [line for line in text.splitlines() if "worker health on" in line]
     health_port = int(line.split("http://127.0.0.1:")[1].split("/")[0])

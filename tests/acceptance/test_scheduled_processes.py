@@ -20,7 +20,7 @@ import pytest
 from ..conftest import Processes
 from ..faults import outside_address
 from .pipeline_app import CREATE_EVENTS
-from .test_worker_processes import eventually, free_port, scalar, stop, worker_env
+from .test_worker_processes import eventually, free_port, output_until, scalar, stop, worker_env
 
 HERE = Path(__file__).resolve().parent
 pytestmark = pytest.mark.acceptance
@@ -119,7 +119,8 @@ async def test_a_restarted_worker_keeps_the_error_counter_and_next_run(
     before = (await fetch(database_url, "SELECT consecutive_errors, next_run_at FROM agora.schedules"))[0]
 
     second = start_pool(processes, database_url, PIPELINE_FAIL="1", PIPELINE_BACKOFF="60")
-    await asyncio.sleep(2.5)
+    await output_until(second, "pipeline acceptance registered")
+    await asyncio.sleep(1.0)  # time for a run, were the backoff forgotten
     code, output = stop(second)
     assert code == 0, output
     after = (await fetch(database_url, "SELECT consecutive_errors, next_run_at FROM agora.schedules"))[0]
@@ -157,22 +158,25 @@ async def test_the_health_server_reports_error_types_on_loopback_and_metrics(
 
     pool = start_pool(processes, database_url, "--health-port", str(port), "--health-host", "0.0.0.0",
                       PIPELINE_FAIL="1", PIPELINE_BACKOFF="60", WORKER_HEALTH_ERROR_DETAILS="on")
-    await eventually(lambda: _health_answers(f"http://{outside or '127.0.0.1'}:{port}/health"), 30, "the health server")
+    health = f"http://{outside or '127.0.0.1'}:{port}/health"
+    await eventually(lambda: _reports_an_error(health), 30, "the restarted pool's failure in its report")
     async with httpx.AsyncClient(timeout=5) as client:
-        report = (await client.get(f"http://{outside or '127.0.0.1'}:{port}/health")).json()["pipelines"]["acceptance"]
+        report = (await client.get(health)).json()["pipelines"]["acceptance"]
     assert report["last_error"].startswith("RuntimeError: source unavailable"), report
     code, output = stop(pool)
     assert code == 0, output
 
 
-async def _health_answers(url: str) -> bool:
+async def _reports_an_error(url: str) -> bool:
+    """The health report at ``url`` (with error details) holds the pipeline's last error."""
     import httpx
 
     try:
         async with httpx.AsyncClient(timeout=2) as client:
-            return (await client.get(url)).status_code in (200, 503)
-    except httpx.HTTPError:
+            report = (await client.get(url)).json()
+    except (httpx.HTTPError, ValueError):
         return False
+    return bool(report.get("pipelines", {}).get("acceptance", {}).get("last_error"))
 
 
 async def test_once_runs_at_each_launch_and_once_ever_with_a_key(
@@ -187,7 +191,7 @@ async def test_once_runs_at_each_launch_and_once_ever_with_a_key(
     await eventually(lambda: _statuses_are(database_url, ["succeeded"]), 30, "the keyed run")
     stop(first)
     second = start_pool(processes, database_url, PIPELINE_SCHEDULE="once_key")
-    await asyncio.sleep(2)
+    await output_until(second, "has completed its once schedule")
     code, output = stop(second)
     assert code == 0, output
     assert await run_statuses(database_url) == ["succeeded"]  # the key had run: not again

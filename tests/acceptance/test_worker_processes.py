@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -81,6 +82,30 @@ def stop(process: subprocess.Popen[bytes], timeout: float = 30) -> tuple[int, st
     os.kill(process.pid, signal.SIGTERM)
     output, _ = process.communicate(timeout=timeout)
     return process.returncode, output.decode(errors="replace")
+
+
+async def output_until(process: subprocess.Popen[bytes], marker: str, timeout: float = 60) -> str:
+    """What ``process`` printed up to the first line that holds ``marker`` (all of it, if it
+    exits first), read as it runs: ``stop`` returns the rest. If no such line comes within
+    ``timeout``, the process is killed."""
+    import asyncio
+
+    assert process.stdout is not None
+    reading = asyncio.ensure_future(asyncio.to_thread(_lines_until, process.stdout, marker))
+    done, _ = await asyncio.wait([reading], timeout=timeout)
+    if not done:
+        process.kill()  # (its output ends: the reading thread returns)
+        raise AssertionError(f"no line with {marker!r} within {timeout}s:\n{(await reading)[-3000:]}")
+    return reading.result()
+
+
+def _lines_until(stream: IO[bytes], marker: str) -> str:
+    lines: list[str] = []
+    for raw in iter(stream.readline, b""):
+        lines.append(raw.decode(errors="replace"))
+        if marker in lines[-1]:
+            break
+    return "".join(lines)
 
 
 @pytest.fixture

@@ -14,9 +14,16 @@ from .harness import SHORT, table
 from .scenarios import SCENARIOS, ScenarioSkipped, Setup
 
 pytestmark = pytest.mark.chaos
+LANES = 2  # scenarios wait far more than they compute: two run at a time, each lane one after another
 
 
-@pytest.mark.parametrize("name", list(SCENARIOS))
+def _in_lanes(names: list[str]) -> list[object]:
+    """Each scenario in the pytest-xdist group of its lane: a lane's scenarios share one worker."""
+    return [pytest.param(name, marks=pytest.mark.xdist_group(f"chaos-{index % LANES}"))
+            for index, name in enumerate(names)]
+
+
+@pytest.mark.parametrize("name", _in_lanes(list(SCENARIOS)))
 async def test_scenario(name: str, database_url: str, tmp_path: Path, processes: Processes) -> None:
     setup = Setup(database_url, tmp_path, processes.started.append)
     try:

@@ -273,8 +273,10 @@ async def test_missed_cron_ticks_run_once_not_once_per_tick(store: Store, settin
     await asyncio.sleep(0.5)
     assert factory.calls == 1
     row = await store.get_schedule("minutely")
+    [run] = await runs(store, "minutely")
     assert row is not None and row.next_run_at is not None
-    assert row.next_run_at > datetime.now(UTC)
+    # the first tick after the run (by the database's clock), not one of the missed ones
+    assert run["finished_at"] < row.next_run_at <= run["finished_at"] + timedelta(minutes=1)
 
 
 async def test_a_host_clock_behind_the_database_never_schedules_a_cron_tick_twice(
@@ -283,20 +285,20 @@ async def test_a_host_clock_behind_the_database_never_schedules_a_cron_tick_twic
     """A run that ends, by its host's clock, before its own tick (the host is behind the
     database) must not get that tick again: the next claim would hit the tick's unique key."""
     factory = Recorder()
-    schedule = Schedule.cron("* * * * *")
+    schedule = Schedule.cron("0 * * * *")  # hourly: the next tick cannot fall due within the test...
     started = datetime.now(UTC)
-    if started.second >= 45:  # (the next minute's tick would fall due within the test: a fair second run)
+    if started.minute == 59 and started.second >= 45:  # ...but in the last seconds of an hour
         await asyncio.sleep(61 - started.second)
 
-    def host_clock_far_behind() -> datetime:
-        return datetime.now(UTC) - timedelta(seconds=90)
+    def host_clock_far_behind() -> datetime:  # (before this hour's tick, whatever the minute)
+        return datetime.now(UTC) - timedelta(hours=2)
 
-    await serve_once_registered(ScheduledPipeline(factory, schedule, "minutely"), store, settings)  # not due yet
-    async with store.connection() as connection:  # due now: this minute's tick, by the database clock
+    await serve_once_registered(ScheduledPipeline(factory, schedule, "hourly"), store, settings)  # not due yet
+    async with store.connection() as connection:  # due now: this hour's tick, by the database clock
         tick = await connection.fetchval(
-            "UPDATE agora.schedules SET next_run_at = date_trunc('minute', now()) RETURNING next_run_at"
+            "UPDATE agora.schedules SET next_run_at = date_trunc('hour', now()) RETURNING next_run_at"
         )
-    again = ScheduledPipeline(factory, schedule, "minutely", clock=host_clock_far_behind)
+    again = ScheduledPipeline(factory, schedule, "hourly", clock=host_clock_far_behind)
     task = asyncio.create_task(again.serve(store, "w1", settings))
     await wait_until(lambda: _called(factory), timeout=10)
     await asyncio.sleep(1.0)  # a second claim would come now if the tick were due again
@@ -304,10 +306,10 @@ async def test_a_host_clock_behind_the_database_never_schedules_a_cron_tick_twic
     again.stop()
     await asyncio.wait_for(task, 10)
     assert factory.calls == 1
-    [run] = await runs(store, "minutely")
+    [run] = await runs(store, "hourly")
     assert (run["status"], run["scheduled_for"]) == ("succeeded", tick)
-    row = await store.get_schedule("minutely")
-    assert row is not None and row.next_run_at == tick + timedelta(minutes=1)
+    row = await store.get_schedule("hourly")
+    assert row is not None and row.next_run_at == tick + timedelta(hours=1)
 
 
 async def test_a_run_failing_with_text_postgresql_cannot_hold_is_recorded(store: Store, settings: Settings) -> None:

@@ -3,32 +3,53 @@ project (examples/testing_handlers) runs its tests with nothing but the plugin's
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
+import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
+import pytest
 
 from tests.conftest import ROOT, Server
 
 EXAMPLE = ROOT / "examples" / "testing_handlers"
 
 
-async def _agora_databases(server: Server) -> set[str]:
+async def _admin(server: Server, statement: str, *args: object) -> list[asyncpg.Record]:
     connection = await asyncpg.connect(server.url("postgres"))
     try:
-        rows = await connection.fetch("SELECT datname FROM pg_database WHERE datname LIKE 'agora\\_%'")
-        return {row["datname"] for row in rows}
+        return await connection.fetch(statement, *args)
     finally:
         await connection.close()
 
 
+@pytest.fixture
+async def own_role(pg_server: Server) -> AsyncIterator[Server]:
+    """The server, as a role of this test's own that may create databases: the databases
+    it owns are the ones the plugin made (other tests create and drop theirs meanwhile)."""
+    role = f"agora_plugin_{uuid.uuid4().hex[:10]}"
+    await _admin(pg_server, f'CREATE ROLE "{role}" LOGIN CREATEDB')
+    try:
+        yield dataclasses.replace(pg_server, user=role, password=None)
+    finally:
+        for name in await _databases_of(pg_server, role):
+            await _admin(pg_server, f'DROP DATABASE "{name}" WITH (FORCE)')
+        await _admin(pg_server, f'DROP ROLE "{role}"')
+
+
+async def _databases_of(server: Server, role: str) -> list[str]:
+    rows = await _admin(server, "SELECT datname FROM pg_database WHERE datdba = $1::regrole", role)
+    return [row["datname"] for row in rows]
+
+
 async def test_the_example_projects_tests_pass_with_the_plugins_fixtures_and_leave_no_database(
-    pg_server: Server,
+    pg_server: Server, own_role: Server,
 ) -> None:
-    before = await _agora_databases(pg_server)
-    env = {**os.environ, "AGORA_PG_TEST_DATABASE_URL": pg_server.url("postgres")}
+    env = {**os.environ, "AGORA_PG_TEST_DATABASE_URL": own_role.url("postgres")}
     env.pop("PYTEST_ADDOPTS", None)
     finished = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
@@ -36,7 +57,7 @@ async def test_the_example_projects_tests_pass_with_the_plugins_fixtures_and_lea
     )
     assert finished.returncode == 0, finished.stdout[-4000:] + finished.stderr[-2000:]
     assert "4 passed" in finished.stdout, finished.stdout
-    assert await _agora_databases(pg_server) == before  # every clone and the template dropped
+    assert await _databases_of(pg_server, own_role.user) == []  # every clone and the template dropped
 
 
 async def test_without_a_url_the_plugin_starts_the_embedded_server_and_a_wrong_expectation_fails(
