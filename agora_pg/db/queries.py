@@ -757,14 +757,17 @@ def list_runs(filters: Sequence[str]) -> str:
 # Every run of one job, oldest first.
 SELECT_JOB_RUNS = f"SELECT {RUN_COLUMNS} FROM agora.runs WHERE job_id = $1 ORDER BY attempt, id"
 
-# Give a failed or cancelled job another attempt now. retry_count keeps counting, so it
-# retries on its own again only while retry_count < max_retries.
+# Give a failed or cancelled job another attempt now, waking the workers of its queue.
+# retry_count keeps counting, so it retries on its own again only while retry_count < max_retries.
 RETRY_JOB = f"""
-UPDATE agora.jobs
-SET status = 'pending', run_at = now(), finished_at = NULL, locked_by = NULL, lease_expires_at = NULL,
-    cancel_requested_at = NULL, delayed = false
-WHERE id = $1 AND status IN ('failed', 'cancelled')
-RETURNING {JOB_COLUMNS}
+WITH retried AS (
+    UPDATE agora.jobs
+    SET status = 'pending', run_at = now(), finished_at = NULL, locked_by = NULL, lease_expires_at = NULL,
+        cancel_requested_at = NULL, delayed = false
+    WHERE id = $1 AND status IN ('failed', 'cancelled')
+    RETURNING {JOB_COLUMNS}
+)
+SELECT retried.* FROM retried, LATERAL (SELECT pg_notify('agora_jobs', retried.queue)) AS woken
 """
 
 # Every schedule, by pipeline id.

@@ -188,6 +188,24 @@ async def test_notification_wakes_an_idle_worker_at_once(queue: Queue, store: St
         await asyncio.wait_for(started.wait(), 5)  # far below the 60 s poll
 
 
+async def test_a_job_retried_by_hand_wakes_an_idle_worker(queue: Queue, store: Store, settings: Settings) -> None:
+    attempts: list[int] = []
+
+    async def fails_once(job: Job, resources: Any) -> None:
+        attempts.append(job.attempt)
+        if len(attempts) == 1:
+            raise ValueError("the first attempt fails")
+
+    async with running(Worker({"fails_once": fails_once}, settings=settings.replace(poll_seconds=60))):
+        await wait_until(lambda: _listening(store))
+        job = await queue.enqueue("fails_once", max_retries=0)
+        await wait_until(lambda: _is(store, job.id, JobStatus.FAILED), timeout=10)
+        await asyncio.sleep(0.2)  # the worker is idle, waiting on its 60 s poll
+        await store.retry_job(job.id)
+        await wait_until(lambda: _is(store, job.id, JobStatus.DONE), timeout=10)  # far below the poll
+    assert attempts == [1, 2]
+
+
 async def test_a_delayed_job_and_a_retry_start_when_due_not_at_the_next_poll(
     queue: Queue, store: Store, settings: Settings
 ) -> None:
