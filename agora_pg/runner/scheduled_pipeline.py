@@ -17,7 +17,7 @@ import os
 import re
 import time
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
 from agora_pg.db.connect import resolve_database
@@ -33,7 +33,7 @@ from agora_pg.runtime.database_calls import StopSignal, retry_database
 from agora_pg.runtime.leases import LeaseSupervisor, LeaseToken, supervising
 from agora_pg.runtime.process import ErrorWait, check_schema, new_worker_id, warn_unknown_settings
 from agora_pg.runtime.process_metrics import PROCESS_METRICS
-from agora_pg.schedules import NextRun, Schedule, error_backoff
+from agora_pg.schedules import NextRun, Schedule, ScheduleKind, error_backoff
 from agora_pg.settings import Settings, load_settings
 
 log = logging.getLogger("agora_pg.runner")
@@ -60,12 +60,7 @@ class Runnable(Protocol):
 
 
 Factory = Callable[[], Awaitable[Runnable] | Runnable]
-Clock = Callable[[], datetime]
 T = TypeVar("T")
-
-
-def utc_now() -> datetime:
-    return datetime.now(UTC)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,8 +127,6 @@ class ScheduledPipeline:
         pipeline_id: str,
         error_backoff_seconds: float = 60.0,
         max_consecutive_errors: int = 10,
-        *,
-        clock: Clock = utc_now,
     ) -> None:
         if not isinstance(pipeline_id, str) or not pipeline_id.strip():
             raise ValueError("pipeline_id must be a non-empty string")
@@ -156,7 +149,6 @@ class ScheduledPipeline:
         self.pipeline_id = pipeline_id
         self.error_backoff_seconds = float(error_backoff_seconds)
         self.max_consecutive_errors = max_consecutive_errors
-        self._clock = clock
         self._stop = StopSignal()
         self._wake = WakeSignal()  # the schedule row changed (resumed, triggered) or stop()
         self._running = False
@@ -255,11 +247,18 @@ class _PipelineRunner:
     async def register(self) -> bool:
         """Register the schedule; False if the pipeline was stopped before the database answered."""
         pipeline = self.pipeline
+        try:
+            # a cron schedule's first tick is the next after the database's clock, not this host's
+            first_run_at = (pipeline.schedule.first_run_at(await self._call(self.store.database_now,
+                                                                            "reading the database clock"))
+                            if pipeline.schedule.kind is ScheduleKind.CRON else None)
+        except DatabaseUnavailable:
+            return False
         registration = ScheduleRegistration(
             pipeline_id=pipeline.pipeline_id,
             kind=pipeline.schedule.kind.value,
             spec=self.spec,
-            first_run_at=pipeline.schedule.first_run_at(pipeline._clock()),
+            first_run_at=first_run_at,
             error_backoff_seconds=pipeline.error_backoff_seconds,
             max_consecutive_errors=pipeline.max_consecutive_errors,
             new_launch=pipeline.schedule.once_per_launch,

@@ -13,7 +13,7 @@ import asyncpg
 import pytest
 
 from agora_pg.db.store import Store
-from agora_pg.runner import PipelineFailed, Schedule, ScheduledPipeline, ScheduleStopped, WorkerPool
+from agora_pg.runner import PipelineFailed, Schedule, ScheduledPipeline, ScheduleStopped, WorkerPool, scheduled_pipeline
 from agora_pg.settings import Settings
 
 from .helpers import wait_until
@@ -279,8 +279,33 @@ async def test_missed_cron_ticks_run_once_not_once_per_tick(store: Store, settin
     assert run["finished_at"] < row.next_run_at <= run["finished_at"] + timedelta(minutes=1)
 
 
+def host_clock_behind(monkeypatch: pytest.MonkeyPatch, behind: timedelta) -> None:
+    """The runner's host clock (``datetime.now``) runs ``behind`` the database's."""
+
+    class HostClock(datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> datetime:  # type: ignore[override]
+            return datetime.now(tz) - behind
+
+    monkeypatch.setattr(scheduled_pipeline, "datetime", HostClock)
+
+
+async def test_a_host_clock_behind_the_database_does_not_move_the_first_cron_tick(
+    store: Store, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    host_clock_behind(monkeypatch, timedelta(seconds=90))
+    factory = Recorder()
+    registered_after = await store.database_now()
+    await serve_once_registered(ScheduledPipeline(factory, Schedule.cron("* * * * *"), "minutely"), store, settings)
+    row = await store.get_schedule("minutely")
+    # the next minute after the database's now; by the host's clock, a tick already past: run at once
+    assert (factory.calls, await runs(store, "minutely")) == (0, [])
+    assert row is not None and row.next_run_at is not None
+    assert registered_after < row.next_run_at <= registered_after + timedelta(minutes=1, seconds=5)
+
+
 async def test_a_host_clock_behind_the_database_never_schedules_a_cron_tick_twice(
-    store: Store, settings: Settings
+    store: Store, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A run that ends, by its host's clock, before its own tick (the host is behind the
     database) must not get that tick again: the next claim would hit the tick's unique key."""
@@ -290,15 +315,13 @@ async def test_a_host_clock_behind_the_database_never_schedules_a_cron_tick_twic
     if started.minute == 59 and started.second >= 45:  # ...but in the last seconds of an hour
         await asyncio.sleep(61 - started.second)
 
-    def host_clock_far_behind() -> datetime:  # (before this hour's tick, whatever the minute)
-        return datetime.now(UTC) - timedelta(hours=2)
-
+    host_clock_behind(monkeypatch, timedelta(hours=2))  # (before this hour's tick, whatever the minute)
     await serve_once_registered(ScheduledPipeline(factory, schedule, "hourly"), store, settings)  # not due yet
     async with store.connection() as connection:  # due now: this hour's tick, by the database clock
         tick = await connection.fetchval(
             "UPDATE agora.schedules SET next_run_at = date_trunc('hour', now()) RETURNING next_run_at"
         )
-    again = ScheduledPipeline(factory, schedule, "hourly", clock=host_clock_far_behind)
+    again = ScheduledPipeline(factory, schedule, "hourly")
     task = asyncio.create_task(again.serve(store, "w1", settings))
     await wait_until(lambda: _called(factory), timeout=10)
     await asyncio.sleep(1.0)  # a second claim would come now if the tick were due again
