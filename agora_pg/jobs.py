@@ -1,7 +1,7 @@
-"""Jobs as values: statuses, the allowed transitions, and the ``Job`` record.
+"""Jobs as values: statuses and the ``Job`` record.
 
-Pure: no I/O. The store applies these rules in SQL; this module states them
-once so that tests and error messages agree with the SQL.
+Pure: no I/O. Which columns go with which status is the database's to enforce: the
+CHECK constraints of ``agora.jobs`` (migration 0012) refuse an impossible row.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import enum
 from datetime import datetime
 from typing import Any
 
-from agora_pg.errors import InvalidTransition
 
 MAX_JOB_ID = 2**63 - 1  # ids are bigint: a larger number names no job (and the driver refuses it)
 
@@ -41,22 +40,6 @@ class RunStatus(str, enum.Enum):
     FAILED = "failed"
     ABANDONED = "abandoned"  # the lease was lost (worker gone, or cut off from the database)
     CANCELLED = "cancelled"  # cancelled on request, or cut short at shutdown
-
-
-# from -> the statuses it may move to
-ALLOWED_TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
-    JobStatus.PENDING: frozenset({JobStatus.PROCESSING, JobStatus.CANCELLED}),
-    JobStatus.PROCESSING: frozenset({JobStatus.DONE, JobStatus.FAILED, JobStatus.PENDING}),
-    JobStatus.FAILED: frozenset({JobStatus.PROCESSING, JobStatus.PENDING, JobStatus.CANCELLED}),
-    JobStatus.CANCELLED: frozenset({JobStatus.PENDING}),
-    JobStatus.DONE: frozenset(),
-}
-
-
-def check_transition(job_id: int, from_status: JobStatus, to_status: JobStatus) -> None:
-    """Raise ``InvalidTransition`` unless ``from_status -> to_status`` is allowed."""
-    if to_status not in ALLOWED_TRANSITIONS[from_status]:
-        raise InvalidTransition(job_id, from_status.value, to_status.value)
 
 
 def will_retry(retry_count: int, max_retries: int) -> bool:

@@ -76,6 +76,13 @@ jobs = Table(
     CheckConstraint("jsonb_typeof(payload) = 'object'", name="jobs_payload_check"),
     CheckConstraint("lost_count >= 0", name="jobs_lost_count_check"),
     CheckConstraint("timeout_seconds > 0", name="jobs_timeout_seconds_check"),
+    # each status tied to its columns (migration 0012)
+    CheckConstraint("(status = 'processing') = (locked_by IS NOT NULL)", name="jobs_locked_while_processing"),
+    CheckConstraint("lease_expires_at IS NULL OR status = 'processing'", name="jobs_lease_while_processing"),
+    CheckConstraint("status <> 'processing' OR started_at IS NOT NULL", name="jobs_started_while_processing"),
+    CheckConstraint("status NOT IN ('done', 'cancelled') OR finished_at IS NOT NULL",
+                    name="jobs_finished_at_when_ended"),
+    CheckConstraint("NOT delayed OR status IN ('pending', 'failed')", name="jobs_delayed_while_waiting"),
     comment="One row per job; workers claim due rows with FOR UPDATE SKIP LOCKED.",
 )
 

@@ -2,6 +2,8 @@
 
 from typing import Any
 
+import asyncpg
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy.engine import Connection
@@ -136,7 +138,7 @@ async def test_deleting_jobs_deletes_their_runs_and_nothing_else(store: Store) -
     job's runs with the job (as ON DELETE CASCADE did) and after a TRUNCATE."""
     async with store.connection() as connection:
         ids = await connection.fetchval(
-            "WITH j AS (INSERT INTO agora.jobs (name, kind, status) SELECT 'j' || i, 'k', 'done' "
+            "WITH j AS (INSERT INTO agora.jobs (name, kind, status, finished_at) SELECT 'j' || i, 'k', 'done', now() "
             "FROM generate_series(1, 3) AS i RETURNING id) SELECT array_agg(id ORDER BY id) FROM j"
         )
         await connection.execute(
@@ -177,3 +179,35 @@ async def test_downgrade_to_the_foreign_key_never_deletes_history(fresh_db: str)
         assert await schema_diff(store) == []
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize(("change", "constraint"), [
+    ("status = 'processing', started_at = now()", "jobs_locked_while_processing"),
+    ("locked_by = 'w1'", "jobs_locked_while_processing"),
+    ("lease_expires_at = now()", "jobs_lease_while_processing"),
+    ("status = 'processing', locked_by = 'w1', started_at = NULL", "jobs_started_while_processing"),
+    ("status = 'done', finished_at = NULL", "jobs_finished_at_when_ended"),
+    ("status = 'cancelled', finished_at = NULL", "jobs_finished_at_when_ended"),
+    ("status = 'done', finished_at = now(), delayed = true", "jobs_delayed_while_waiting"),
+])
+async def test_the_database_refuses_a_job_whose_columns_contradict_its_status(
+    store: Store, change: str, constraint: str
+) -> None:
+    async with store.connection() as connection:
+        job_id = await connection.fetchval("INSERT INTO agora.jobs (name, kind) VALUES ('n', 'k') RETURNING id")
+        with pytest.raises(asyncpg.CheckViolationError) as refused:
+            await connection.execute(f"UPDATE agora.jobs SET {change} WHERE id = $1", job_id)
+    assert refused.value.constraint_name == constraint
+
+
+async def test_every_job_state_the_worker_writes_passes_the_checks(store: Store) -> None:
+    async with store.connection() as connection:
+        await connection.execute(
+            "INSERT INTO agora.jobs (name, kind, status, locked_by, started_at, lease_expires_at) "
+            "VALUES ('running', 'k', 'processing', 'w1', now(), now() + interval '30 seconds')"
+        )
+        await connection.execute(
+            "INSERT INTO agora.jobs (name, kind, status, finished_at, delayed, run_at, retry_count) "
+            "VALUES ('waiting for its retry', 'k', 'failed', now(), true, now() + interval '1 minute', 1)"
+        )
+        assert await connection.fetchval("SELECT count(*) FROM agora.jobs") == 2

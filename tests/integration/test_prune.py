@@ -38,7 +38,8 @@ async def _history(store: Store) -> dict[str, int]:
         ids[name] = job.id
         async with store.connection() as connection:
             await connection.execute(
-                "UPDATE agora.jobs SET status = $2, retry_count = $3, finished_at = now() - $4::interval "
+                "UPDATE agora.jobs SET status = $2, retry_count = $3, finished_at = now() - $4::interval, "
+                "started_at = now() - $4::interval, locked_by = CASE WHEN $2 = 'processing' THEN 'w1' END "
                 "WHERE id = $1", job.id, status, retries, days * DAYS)
             await connection.execute(
                 "INSERT INTO agora.runs (job_id, attempt, status, started_at, finished_at) "

@@ -3,8 +3,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from agora_pg.errors import InvalidTransition
-from agora_pg.jobs import ALLOWED_TRANSITIONS, Job, JobStatus, check_transition, will_retry
+from agora_pg.jobs import Job, JobStatus, will_retry
 
 
 def make_job(status: JobStatus, retry_count: int = 0, max_retries: int | None = 3) -> Job:
@@ -22,44 +21,6 @@ def test_from_fields_equals_the_dataclass_constructor() -> None:
     assert rebuilt == job and repr(rebuilt) == repr(job)
     with pytest.raises(dataclasses.FrozenInstanceError):
         rebuilt.attempt = 5  # type: ignore[misc]
-
-
-def test_every_status_has_a_transition_entry() -> None:
-    assert set(ALLOWED_TRANSITIONS) == set(JobStatus)
-
-
-@pytest.mark.parametrize(
-    ("from_status", "to_status"),
-    [
-        (JobStatus.PENDING, JobStatus.PROCESSING),
-        (JobStatus.PENDING, JobStatus.CANCELLED),
-        (JobStatus.PROCESSING, JobStatus.DONE),
-        (JobStatus.PROCESSING, JobStatus.FAILED),
-        (JobStatus.PROCESSING, JobStatus.PENDING),
-        (JobStatus.FAILED, JobStatus.PROCESSING),
-        (JobStatus.CANCELLED, JobStatus.PENDING),
-    ],
-)
-def test_allowed_transitions_pass(from_status: JobStatus, to_status: JobStatus) -> None:
-    check_transition(1, from_status, to_status)
-
-
-@pytest.mark.parametrize(
-    ("from_status", "to_status"),
-    [
-        (JobStatus.DONE, JobStatus.PENDING),
-        (JobStatus.DONE, JobStatus.CANCELLED),
-        (JobStatus.PROCESSING, JobStatus.CANCELLED),
-        (JobStatus.CANCELLED, JobStatus.PROCESSING),
-        (JobStatus.PENDING, JobStatus.DONE),
-    ],
-)
-def test_forbidden_transitions_raise_with_data(from_status: JobStatus, to_status: JobStatus) -> None:
-    with pytest.raises(InvalidTransition) as caught:
-        check_transition(7, from_status, to_status)
-    assert (caught.value.job_id, caught.value.from_status, caught.value.to_status) == (
-        7, from_status.value, to_status.value,
-    )
 
 
 @pytest.mark.parametrize(("retry_count", "max_retries", "expected"), [(0, 3, True), (2, 3, True), (3, 3, False), (0, 0, False)])
