@@ -618,6 +618,51 @@ WITH due AS (
 SELECT claimed.*, statement_timestamp() AS database_now FROM claimed
 """
 
+# The due ticks of schedules $1 (text[]), each registered with the spec at the same place
+# in $2, locked until the transaction that turns them into jobs ends (another process's
+# scheduler skips them), with the database clock.
+DUE_TICKS = """
+SELECT s.pipeline_id, s.next_run_at AS tick, clock_timestamp() AS database_now
+FROM agora.schedules AS s
+JOIN unnest($1::text[], $2::text[]) AS wanted(pipeline_id, spec)
+  ON s.pipeline_id = wanted.pipeline_id AND s.schedule_spec = wanted.spec
+WHERE s.state = 'active' AND s.next_run_at <= clock_timestamp()
+ORDER BY s.pipeline_id
+FOR UPDATE OF s SKIP LOCKED
+"""
+
+# Record ticks turned into jobs: schedule $1[i]'s tick $2[i] enqueued job $3[i]; its next run
+# is $4[i] (NULL: never, the schedule is completed). Each tick is a succeeded run of worker $5
+# whose result names the job; the runs' unique (pipeline_id, scheduled_for) key makes a tick
+# recorded twice impossible.
+RECORD_TICKS = """
+WITH ticked AS (
+    SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::bigint[], $4::timestamptz[])
+        AS t(pipeline_id, tick, job_id, next_run_at)
+), advanced AS (
+    UPDATE agora.schedules AS s
+    SET next_run_at = COALESCE(t.next_run_at, s.next_run_at),
+        state = CASE WHEN t.next_run_at IS NULL THEN 'completed' ELSE s.state END,
+        last_started_at = clock_timestamp(), last_finished_at = clock_timestamp(), last_status = 'succeeded',
+        consecutive_errors = 0, last_error = NULL, updated_at = now()
+    FROM ticked AS t WHERE s.pipeline_id = t.pipeline_id
+)
+INSERT INTO agora.runs (pipeline_id, attempt, worker_id, started_at, finished_at, status, scheduled_for, result)
+SELECT pipeline_id, 1, $5, clock_timestamp(), clock_timestamp(), 'succeeded', tick,
+       jsonb_build_object('job_id', job_id)
+FROM ticked
+"""
+
+# Seconds (by the database clock) until the first of schedules $1 (registered with the specs
+# $2) falls due; NULL when none is active. Negative: one is due now (another process holds it).
+NEXT_TICK_IN = """
+SELECT extract(epoch FROM min(s.next_run_at) - clock_timestamp()) AS seconds
+FROM agora.schedules AS s
+JOIN unnest($1::text[], $2::text[]) AS wanted(pipeline_id, spec)
+  ON s.pipeline_id = wanted.pipeline_id AND s.schedule_spec = wanted.spec
+WHERE s.state = 'active'
+"""
+
 # Take over pipeline $1's run from a worker whose lease expired (it died or lost the
 # database): the run is recorded abandoned and counts as a failed run: the error counter
 # rises, the next run waits the error backoff min(600, error_backoff_seconds * 2^(n-1))

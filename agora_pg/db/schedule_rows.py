@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from agora_pg.job_spec import JobSpec
+
 
 @dataclasses.dataclass(frozen=True)
 class ScheduleRegistration:
@@ -83,3 +85,23 @@ class RunFinish:
     state: str
     next_run_in_seconds: float | None = None
     traceback: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class DueTick:
+    """A schedule whose next run is due, locked for this process until its transaction ends."""
+
+    pipeline_id: str
+    tick: datetime  # the time the run is due for
+    database_now: datetime  # the database clock when it was found due
+
+
+@dataclasses.dataclass(frozen=True)
+class TickJob:
+    """What one due tick becomes: a job, and the schedule's next run (None: never again,
+    the schedule is completed)."""
+
+    pipeline_id: str
+    tick: datetime
+    job: JobSpec
+    next_run_at: datetime | None

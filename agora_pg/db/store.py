@@ -33,9 +33,11 @@ from agora_pg.db.enqueue import CallerConnection, caller_fetch, insert_jobs
 from agora_pg.db.job_rows import row_to_job
 from agora_pg.db.schedule_rows import (
     ClaimedRun,
+    DueTick,
     RunFinish,
     ScheduleRegistration,
     ScheduleRow,
+    TickJob,
 )
 from agora_pg.db.job_rows import JobFinish, LeaseRenewal, Promotion
 from agora_pg.db.run_rows import MetricsSnapshot, RunRow, oldest_due_by_queue
@@ -448,6 +450,33 @@ class Store:
         pipeline without one is absent."""
         rows = await self._fetch(queries.SELECT_SCHEDULES, list(pipeline_ids))
         return {row["pipeline_id"]: ScheduleRow.from_row(row) for row in rows}
+
+    async def enqueue_due_ticks(
+        self, wanted: Sequence[tuple[str, str]], plan: Callable[[DueTick], TickJob], worker_id: str
+    ) -> list[tuple[TickJob, Job]]:
+        """Turn the due ticks of the schedules ``wanted`` ((pipeline id, spec) pairs) into
+        jobs, in one transaction: lock them, ``plan`` each (pure: the job and the next run),
+        insert the jobs, advance the schedules and record each tick as a run. Ticks another
+        process is enqueueing are skipped."""
+        ids, specs = [pipeline_id for pipeline_id, _ in wanted], [spec for _, spec in wanted]
+        async with self.connection() as connection, connection.transaction():
+            rows = await connection.fetch(queries.DUE_TICKS, ids, specs)
+            if not rows:
+                return []
+            ticks = [plan(DueTick(row["pipeline_id"], row["tick"], row["database_now"])) for row in rows]
+            jobs = [job for job, _inserted in await insert_jobs(connection.fetch, [tick.job for tick in ticks])]
+            await connection.execute(
+                queries.RECORD_TICKS, [tick.pipeline_id for tick in ticks], [tick.tick for tick in ticks],
+                [job.id for job in jobs], [tick.next_run_at for tick in ticks], worker_id,
+            )
+        return list(zip(ticks, jobs, strict=True))
+
+    async def next_tick_in(self, wanted: Sequence[tuple[str, str]]) -> float | None:
+        """Seconds until the first of the schedules ``wanted`` falls due (None: none is active)."""
+        ids, specs = [pipeline_id for pipeline_id, _ in wanted], [spec for _, spec in wanted]
+        async with self.connection() as connection:
+            seconds = await connection.fetchval(queries.NEXT_TICK_IN, ids, specs)
+        return None if seconds is None else float(seconds)
 
     async def claim_pipeline_runs(
         self, pipelines: Sequence[tuple[str, str]], worker_id: str, lease_seconds: float

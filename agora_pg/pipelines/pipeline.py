@@ -52,7 +52,6 @@ class PipelineRun:
     store: Store
     run_id: int | None
     stopping: asyncio.Event | None = None  # set when the worker stops: end after the current batch
-    scheduled_for: datetime | None = None  # the schedule's tick this run is for (None: an ad-hoc run)
 
 
 current_run: contextvars.ContextVar[PipelineRun | None] = contextvars.ContextVar("agora_pipeline_run", default=None)

@@ -1,10 +1,10 @@
 """Periodic jobs: a schedule that enqueues one job of a kind per tick, across all workers.
 
-A ``PeriodicJob`` is a ``ScheduledPipeline`` whose run enqueues the job: every process
-that registers it competes for each tick through the schedule's row, so a tick is
-claimed once whatever the number of workers (the leaderless tick key of scheduled
-pipelines), and its history, pause/resume/trigger and error counters are those of any
-schedule.
+A ``PeriodicJob`` is a schedule row of ``agora.schedules`` that the process's
+``Scheduler`` turns into one ordinary job per tick (the job's dedup key names the
+tick, and the schedule row is advanced in the same transaction, so N processes never
+enqueue a tick twice); from then on the job is the job engine's, like any other. Its
+pause, resume and trigger are those of any schedule.
 """
 
 from __future__ import annotations
@@ -13,14 +13,12 @@ from datetime import datetime
 from typing import Any
 
 from agora_pg.job_spec import JobSpec
-from agora_pg.pipelines.pipeline import current_run
-from agora_pg.runner.scheduled_pipeline import ScheduledPipeline
 from agora_pg.schedules import Schedule, ScheduleKind
 
 TICK_FIELD = "scheduled_for"  # the payload key that carries the tick's time (ISO 8601, UTC)
 
 
-class PeriodicJob(ScheduledPipeline):
+class PeriodicJob:
     """Enqueue a job of ``kind`` on ``schedule``, once per tick across all workers, with
     the tick's time in ``payload["scheduled_for"]``.
 
@@ -30,8 +28,9 @@ class PeriodicJob(ScheduledPipeline):
     ``pipeline_id`` (default ``periodic:<kind>``) names the schedule in ``agora.schedules``,
     the API and the CLI. Missed ticks (no worker ran) are not made up: after an outage
     one job is enqueued for the tick that is due, then the schedule goes on. The job gets
-    ``dedup_key`` ``<pipeline_id>@<tick>``, so that a tick run again after its worker died
-    between the enqueue and recording the run does not add a second live job.
+    ``dedup_key`` ``<pipeline_id>@<tick>``. ``error_backoff_seconds`` and
+    ``max_consecutive_errors`` are kept on the schedule row for the API; an enqueue that
+    fails (the database away) is simply tried again, since nothing of it was written.
     """
 
     def __init__(
@@ -48,21 +47,29 @@ class PeriodicJob(ScheduledPipeline):
         error_backoff_seconds: float = 60.0,
         max_consecutive_errors: int = 10,
     ) -> None:
-        if isinstance(schedule, Schedule) and schedule.kind is ScheduleKind.CONTINUOUS:
+        if not isinstance(schedule, Schedule):
+            raise TypeError(f"schedule must be a Schedule (Schedule.every(...), ...), got {type(schedule).__name__}")
+        if schedule.kind is ScheduleKind.CONTINUOUS:
             raise ValueError("a periodic job needs Schedule.cron, Schedule.every or Schedule.once: "
                              "Schedule.continuous would enqueue without pause")
         payload = {} if payload is None else dict(payload)
         if TICK_FIELD in payload:
             raise ValueError(f"payload must not hold {TICK_FIELD!r}: each job gets the tick's time there")
+        pipeline_id = pipeline_id if pipeline_id is not None else f"periodic:{kind}"
+        if not isinstance(pipeline_id, str) or not pipeline_id.strip():
+            raise ValueError("pipeline_id must be a non-empty string")
+        if error_backoff_seconds < 0:
+            raise ValueError("error_backoff_seconds must be >= 0")
+        if max_consecutive_errors < 1:
+            raise ValueError("max_consecutive_errors must be >= 1")
         # checked now, so that a bad kind, queue or payload fails at registration, not at the first tick
         self.template = JobSpec(kind, payload, queue=queue, priority=priority, max_retries=max_retries,
                                 timeout_seconds=timeout_seconds)
         self.job_kind = kind
-        super().__init__(self._enqueuer, schedule, pipeline_id or f"periodic:{kind}",
-                         error_backoff_seconds, max_consecutive_errors)
-
-    async def _enqueuer(self) -> _EnqueueTick:
-        return _EnqueueTick(self)
+        self.schedule = schedule
+        self.pipeline_id = pipeline_id
+        self.error_backoff_seconds = float(error_backoff_seconds)
+        self.max_consecutive_errors = max_consecutive_errors
 
     def job_for(self, tick: datetime) -> JobSpec:
         """The job one tick enqueues."""
@@ -71,19 +78,3 @@ class PeriodicJob(ScheduledPipeline):
         return JobSpec(template.kind, {**template.payload, TICK_FIELD: when}, queue=template.queue_name,
                        priority=template.priority, max_retries=template.max_retries,
                        timeout_seconds=template.timeout_seconds, dedup_key=f"{self.pipeline_id}@{when}")
-
-
-class _EnqueueTick:
-    """One tick's run: enqueue the job (the runner records the run as any other)."""
-
-    def __init__(self, periodic: PeriodicJob) -> None:
-        self.periodic = periodic
-
-    async def run(self) -> None:
-        run = current_run.get()
-        if run is None or run.scheduled_for is None:
-            raise RuntimeError("a periodic job runs only on its schedule, in a WorkerPool")
-        await run.store.enqueue([self.periodic.job_for(run.scheduled_for)])
-
-    async def close(self) -> None:
-        pass

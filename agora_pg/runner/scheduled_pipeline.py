@@ -77,6 +77,21 @@ class PipelineStatus:
     consecutive_errors: int
     last_error: str | None
 
+    @classmethod
+    def of(cls, pipeline_id: str, row: ScheduleRow | None, running: bool = False) -> PipelineStatus:
+        """The status a schedule row says (None: not read yet)."""
+        return cls(
+            pipeline_id=pipeline_id,
+            state=row.state if row else "starting",
+            running=running,
+            next_run_at=row.next_run_at if row else None,
+            last_started_at=row.last_started_at if row else None,
+            last_finished_at=row.last_finished_at if row else None,
+            last_status=row.last_status if row else None,
+            consecutive_errors=row.consecutive_errors if row else 0,
+            last_error=row.last_error if row else None,
+        )
+
     def as_json(self, *, error_details: bool = False) -> dict[str, Any]:
         """The report; the last error's raw text only with ``error_details`` (it may hold
         anything the error said), otherwise its type."""
@@ -117,8 +132,6 @@ class ScheduledPipeline:
     the schedule stops and ``start()`` raises the last error. A success resets
     the counter.
     """
-
-    job_kind: str | None = None  # a PeriodicJob's kind (shown with its schedule)
 
     def __init__(
         self,
@@ -165,18 +178,7 @@ class ScheduledPipeline:
 
     @property
     def status(self) -> PipelineStatus:
-        row = self._row
-        return PipelineStatus(
-            pipeline_id=self.pipeline_id,
-            state=row.state if row else "starting",
-            running=self._running,
-            next_run_at=row.next_run_at if row else None,
-            last_started_at=row.last_started_at if row else None,
-            last_finished_at=row.last_finished_at if row else None,
-            last_status=row.last_status if row else None,
-            consecutive_errors=row.consecutive_errors if row else 0,
-            last_error=row.last_error if row else None,
-        )
+        return PipelineStatus.of(self.pipeline_id, self._row, self._running)
 
     async def start(self) -> None:
         """Run until stopped, on the database of the environment (or the embedded one)."""
@@ -262,7 +264,6 @@ class _PipelineRunner:
             error_backoff_seconds=pipeline.error_backoff_seconds,
             max_consecutive_errors=pipeline.max_consecutive_errors,
             new_launch=pipeline.schedule.once_per_launch,
-            job_kind=pipeline.job_kind,
         )
         try:
             pipeline._row = await self._call(lambda: self.store.upsert_schedule(registration), "registering")
@@ -378,7 +379,7 @@ class _PipelineRunner:
         token = LeaseToken("run", pipeline.pipeline_id, claimed.run_id)
         # The run's checkpoints and dead letters go through this store; a stop request
         # ends a resumable pipeline after its current batch.
-        run_token = current_run.set(PipelineRun(self.store, claimed.run_id, pipeline._stop, claimed.scheduled_for))
+        run_token = current_run.set(PipelineRun(self.store, claimed.run_id, pipeline._stop))
         try:
             execution = asyncio.create_task(_run_pipeline(pipeline.factory), name=f"pipeline-{pipeline.pipeline_id}")
         finally:

@@ -22,9 +22,11 @@ from agora_pg.errors import AgoraError, DatabaseUnavailable
 from agora_pg.lifecycle import shutdown_signals, wait_tasks_or_event
 from agora_pg.outcomes import describe_error
 from agora_pg.runner.health import DEFAULT_HOST, HealthServer
+from agora_pg.runner.periodic_job import PeriodicJob
 from agora_pg.runner.run_batches import RunBatches
 from agora_pg.runner.schedule_listener import listen_for_schedule_changes
-from agora_pg.runner.scheduled_pipeline import ScheduledPipeline, ScheduleStopped
+from agora_pg.runner.scheduled_pipeline import PipelineStatus, ScheduledPipeline, ScheduleStopped
+from agora_pg.runner.scheduler import Scheduler
 from agora_pg.runtime.database_calls import StopSignal
 from agora_pg.runtime.leases import LeaseSupervisor, supervising
 from agora_pg.runtime.process import check_schema, new_worker_id, warn_unknown_settings
@@ -55,7 +57,8 @@ class JobWorkerStopped(AgoraError):
 
 class WorkerPool:
     """Runs every registered ScheduledPipeline, and a job ``Worker`` if one is
-    registered, as concurrent asyncio tasks. ``health_port`` starts a
+    registered, as concurrent asyncio tasks; the ticks of registered ``PeriodicJob``s are
+    enqueued by the pool's ``Scheduler``. ``health_port`` starts a
     HealthServer (/health, /ready, /metrics) on ``health_host`` (loopback unless
     ``WORKER_HEALTH_HOST`` or this says otherwise); without it there is no server."""
 
@@ -74,30 +77,38 @@ class WorkerPool:
         self.graceful_shutdown_timeout = graceful_shutdown_timeout
         self.settings = settings
         self.pipelines: list[ScheduledPipeline] = []
+        self.periodic_jobs: list[PeriodicJob] = []
         self.job_worker: Worker | None = None
+        self.scheduler: Scheduler | None = None
         self.health: HealthServer | None = None
         self._stopping = StopSignal()
         self._aborting = StopSignal()
         self._store: Store | None = None
         self._error_details = False
 
-    def register(self, item: ScheduledPipeline | Worker) -> WorkerPool:
-        """Add a ScheduledPipeline (or the job Worker); returns self for chaining."""
+    def register(self, item: ScheduledPipeline | PeriodicJob | Worker) -> WorkerPool:
+        """Add a ScheduledPipeline, a PeriodicJob or the job Worker; returns self for chaining."""
         if isinstance(item, Worker):
             if self.job_worker is not None:
                 raise ValueError("a WorkerPool runs one job Worker; give it all the handlers")
             self.job_worker = item
-        elif isinstance(item, ScheduledPipeline):
-            if any(p.pipeline_id == item.pipeline_id for p in self.pipelines):
+        elif isinstance(item, ScheduledPipeline | PeriodicJob):
+            if item.pipeline_id in {p.pipeline_id for p in self.pipelines} | {p.pipeline_id for p in self.periodic_jobs}:
                 raise ValueError(f"pipeline_id {item.pipeline_id!r} is registered twice")
-            self.pipelines.append(item)
+            if isinstance(item, PeriodicJob):
+                self.periodic_jobs.append(item)
+            else:
+                self.pipelines.append(item)
         else:
-            raise TypeError(f"register() takes a ScheduledPipeline or a Worker, got {type(item).__name__}")
+            raise TypeError(f"register() takes a ScheduledPipeline, a PeriodicJob or a Worker, "
+                            f"got {type(item).__name__}")
         return self
 
     def stop(self) -> None:
         """Begin a graceful shutdown."""
         self._stopping.set()
+        if self.scheduler is not None:
+            self.scheduler.wake()
         for pipeline in self.pipelines:
             pipeline.stop()
         if self.job_worker is not None:
@@ -160,16 +171,25 @@ class WorkerPool:
                                 name="tick-shares")
             if self.pipelines else None
         )
+        scheduling = None
+        if self.periodic_jobs:
+            self.scheduler = Scheduler(store, worker_id, self.periodic_jobs)
+            scheduling = asyncio.create_task(self.scheduler.run(self._stopping), name="scheduler")
         listener_stop = asyncio.Event()
         listener = (
-            asyncio.create_task(listen_for_schedule_changes(store, self.pipelines, listener_stop), name="schedules")
-            if self.pipelines and settings.notifications else None
+            asyncio.create_task(listen_for_schedule_changes(store, self.pipelines, listener_stop, self.scheduler),
+                                name="schedules")
+            if (self.pipelines or self.periodic_jobs) and settings.notifications else None
         )
         failure: AgoraError | None = None
         try:
             failure = await self._watch(tasks)
             await self._shut_down(tasks)
         finally:
+            if scheduling is not None:
+                self.stop()  # (a failure may end the pool before a stop was asked for)
+                await asyncio.wait([scheduling], timeout=5)
+                scheduling.cancel()
             if sharing is not None:
                 sharing.cancel()
                 await asyncio.gather(sharing, return_exceptions=True)
@@ -205,6 +225,8 @@ class WorkerPool:
                     failure = self._terminal_error(tasks[task], task) or failure
                 if failure is not None:
                     self.stop()
+            if failure is None and self.periodic_jobs:  # their ticks go on until the pool is stopped
+                await self._stopping.wait()
         finally:
             stopper.cancel()
         return failure
@@ -254,7 +276,7 @@ class WorkerPool:
             log.warning("health server answering not ready: %s", error or "no answer within 2s")
             body["database"] = "unavailable (the worker's log says why)"  # no address to callers with no login
             healthy = False
-        stopped = [p.pipeline_id for p in self.pipelines if p.status.state in TERMINAL_STATES]
+        stopped = [pipeline_id for pipeline_id, status in self._statuses().items() if status.state in TERMINAL_STATES]
         if stopped:
             body["stopped_pipelines"] = stopped
             healthy = False
@@ -269,5 +291,14 @@ class WorkerPool:
             raise DatabaseUnavailable("the pool is not running")
         return render_metrics(await self._store.metrics(), PROCESS_METRICS), CONTENT_TYPE
 
+    def _statuses(self) -> dict[str, PipelineStatus]:
+        """Every schedule this pool serves: its pipelines, then its periodic jobs."""
+        statuses = {p.pipeline_id: p.status for p in self.pipelines}
+        rows = self.scheduler.rows if self.scheduler is not None else {}
+        for periodic in self.periodic_jobs:
+            statuses[periodic.pipeline_id] = PipelineStatus.of(periodic.pipeline_id, rows.get(periodic.pipeline_id))
+        return statuses
+
     def _pipeline_report(self) -> dict[str, Any]:
-        return {p.pipeline_id: p.status.as_json(error_details=self._error_details) for p in self.pipelines}
+        return {pipeline_id: status.as_json(error_details=self._error_details)
+                for pipeline_id, status in self._statuses().items()}

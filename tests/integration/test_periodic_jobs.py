@@ -72,3 +72,32 @@ def test_a_periodic_job_is_checked_when_it_is_made() -> None:
         PeriodicJob("report", Schedule.every(minutes=1), payload={"scheduled_for": "now"})
     job = PeriodicJob("report", Schedule.cron("0 8 * * *"), pipeline_id="morning-report")
     assert (job.pipeline_id, job.job_kind) == ("morning-report", "report")
+
+
+async def test_ticks_are_enqueued_once_each_while_the_schedulers_connections_are_killed(
+    store: Store, settings: Settings, database_url: str
+) -> None:
+    """Two pools enqueue an every(1s) periodic job while every backend of the database
+    but the test's is terminated every 0.3 s: each tick is one job and one tick run,
+    nothing is enqueued twice and the ticks keep coming."""
+    pools = [WorkerPool(settings=settings).register(PeriodicJob("beat", Schedule.every(seconds=1))) for _ in range(2)]
+    tasks = [asyncio.create_task(pool.run(handle_signals=False)) for pool in pools]
+    killed = 0
+    async with store.connection() as killer:
+        for _ in range(20):  # 6 s
+            await asyncio.sleep(0.3)
+            killed += await killer.fetchval(
+                "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()) AS t"
+            )
+    for pool in pools:
+        pool.stop()
+    await asyncio.wait_for(asyncio.gather(*tasks), 30)
+    async with store.connection() as connection:
+        ticks = [row["scheduled_for"] for row in await connection.fetch(
+            "SELECT scheduled_for FROM agora.runs WHERE pipeline_id = 'periodic:beat' ORDER BY scheduled_for")]
+        keys = [row["dedup_key"] for row in await connection.fetch(
+            "SELECT dedup_key FROM agora.jobs WHERE kind = 'beat' ORDER BY id")]
+    assert killed > 0
+    assert len(ticks) >= 2 and len(keys) == len(ticks) == len(set(keys))
+    assert sorted(keys) == sorted(f"periodic:beat@{tick.isoformat()}" for tick in ticks)

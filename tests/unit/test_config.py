@@ -178,9 +178,9 @@ def test_periodic_jobs_alone_make_a_config_and_build_periodic_jobs() -> None:
     heartbeat = config.periodic_jobs["heartbeat"]
     assert (heartbeat.payload, heartbeat.queue, heartbeat.max_retries) == ({}, "default", None)
     pool = build_worker_pool(config)
-    assert [type(p) for p in pool.pipelines] == [PeriodicJob, PeriodicJob]
-    assert [(p.pipeline_id, p.job_kind) for p in pool.pipelines] == [("periodic:report", "send_report"),
-                                                                        ("periodic:heartbeat", "ping")]
+    assert pool.pipelines == [] and [type(p) for p in pool.periodic_jobs] == [PeriodicJob, PeriodicJob]
+    assert [(p.pipeline_id, p.job_kind) for p in pool.periodic_jobs] == [("periodic:report", "send_report"),
+                                                                            ("periodic:heartbeat", "ping")]
 
 
 @pytest.mark.parametrize(

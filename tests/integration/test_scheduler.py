@@ -1,0 +1,102 @@
+"""The scheduler turns due ticks of periodic jobs into jobs, one pass at a time
+(``run_once``), by the database's clock, never twice."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+import pytest
+
+from agora_pg.db.schedule_rows import DueTick, TickJob
+from agora_pg.db.store import Store
+from agora_pg.runner import PeriodicJob, Schedule
+from agora_pg.runner.scheduler import MAX_WAIT, Scheduler
+
+
+async def make_due(store: Store, pipeline_id: str, ago: str = "1 second") -> None:
+    async with store.connection() as connection:
+        await connection.execute(
+            "UPDATE agora.schedules SET next_run_at = now() - $2::text::interval WHERE pipeline_id = $1", pipeline_id, ago
+        )
+
+
+async def jobs_of(store: Store, kind: str) -> list[dict[str, object]]:
+    async with store.connection() as connection:
+        rows = await connection.fetch("SELECT id, payload::text, dedup_key FROM agora.jobs WHERE kind = $1", kind)
+    return [dict(row) for row in rows]
+
+
+async def tick_runs(store: Store, pipeline_id: str) -> list[dict[str, object]]:
+    async with store.connection() as connection:
+        rows = await connection.fetch(
+            "SELECT scheduled_for, status, result::text FROM agora.runs WHERE pipeline_id = $1 ORDER BY id", pipeline_id
+        )
+    return [dict(row) for row in rows]
+
+
+async def test_a_due_tick_becomes_one_job_and_the_schedule_moves_on(store: Store) -> None:
+    scheduler = Scheduler(store, "w1", [PeriodicJob("report", Schedule.cron("0 8 * * *"), payload={"to": "a"})])
+    await scheduler.register()
+    assert (await scheduler.run_once()).enqueued == []  # the first tick is tomorrow's (or today's) 08:00
+    await make_due(store, "periodic:report", "3 days")  # missed ticks while no worker ran
+    first = await scheduler.run_once()
+    second = await scheduler.run_once()
+    [(tick, job)] = first.enqueued
+    assert second.enqueued == []  # one job for the tick that was due; missed ticks are not made up
+    assert job.payload == {"to": "a", "scheduled_for": tick.tick.isoformat()}
+    assert job.dedup_key == f"periodic:report@{tick.tick.isoformat()}"
+    row = scheduler.rows["periodic:report"]
+    now = await store.database_now()
+    assert row.next_run_at is not None and now < row.next_run_at <= now + timedelta(days=1)
+    assert row.next_run_at.hour == 8 and row.next_run_at.minute == 0
+    [run] = await tick_runs(store, "periodic:report")
+    assert (run["status"], run["scheduled_for"], run["result"]) == ("succeeded", tick.tick, f'{{"job_id": {job.id}}}')
+    assert 0 < second.wait_seconds <= MAX_WAIT
+
+
+async def test_schedulers_of_many_processes_enqueue_each_tick_once(store: Store) -> None:
+    schedulers = [Scheduler(store, f"w{i}", [PeriodicJob("report", Schedule.every(hours=1))]) for i in range(4)]
+    for scheduler in schedulers:
+        await scheduler.register()
+    for _round in range(2):  # the first tick: due at registration
+        await asyncio.gather(*(scheduler.run_once() for scheduler in schedulers))
+    await make_due(store, "periodic:report")
+    for _round in range(3):
+        await asyncio.gather(*(scheduler.run_once() for scheduler in schedulers))
+    assert len(await jobs_of(store, "report")) == 2  # the first tick, and the one made due
+    assert len(await tick_runs(store, "periodic:report")) == 2
+
+
+async def test_a_pass_that_fails_midway_writes_nothing_and_the_next_one_enqueues_the_tick(store: Store) -> None:
+    scheduler = Scheduler(store, "w1", [PeriodicJob("report", Schedule.every(minutes=5))])
+    await scheduler.register()
+
+    def plan_that_breaks(due: DueTick) -> TickJob:
+        raise RuntimeError("the process died while planning")
+
+    with pytest.raises(RuntimeError):
+        await store.enqueue_due_ticks(scheduler.wanted, plan_that_breaks, "w1")
+    assert await jobs_of(store, "report") == [] and await tick_runs(store, "periodic:report") == []
+    [(tick, _job)] = (await scheduler.run_once()).enqueued  # still due: nothing of the failed pass stayed
+    next_run_at = scheduler.rows["periodic:report"].next_run_at
+    assert next_run_at is not None  # every(minutes=5): five minutes after the pass, by the database clock
+    assert timedelta(minutes=5) <= next_run_at - tick.tick <= timedelta(minutes=5, seconds=10)
+
+
+async def test_paused_and_completed_schedules_enqueue_nothing_and_a_trigger_enqueues_at_once(store: Store) -> None:
+    scheduler = Scheduler(store, "w1", [PeriodicJob("report", Schedule.every(hours=1)),
+                                        PeriodicJob("once", Schedule.once(key="2024"))])
+    await scheduler.register()
+    first = await scheduler.run_once()
+    assert sorted(tick.pipeline_id for tick, _ in first.enqueued) == ["periodic:once", "periodic:report"]
+    assert scheduler.rows["periodic:once"].state == "completed"
+    await store.pause_schedule("periodic:report")
+    await make_due(store, "periodic:report")
+    assert (await scheduler.run_once()).enqueued == []
+    await store.resume_schedule("periodic:report")
+    await store.trigger_schedule("periodic:report")
+    [(tick, _job)] = (await scheduler.run_once()).enqueued
+    assert tick.pipeline_id == "periodic:report"
+    await scheduler.register()  # a new launch: once(key=...) never runs again
+    assert all(tick.pipeline_id != "periodic:once" for tick, _ in (await scheduler.run_once()).enqueued)
