@@ -99,3 +99,8 @@ class Job:
         if self.status is JobStatus.FAILED:
             return self.max_retries is not None and not will_retry(self.retry_count, self.max_retries)
         return False
+
+
+# The job's fields, in order: the columns every job statement returns (queries.JOB_COLUMNS)
+# and the fields of the API's JobOut are derived from this one declaration.
+JOB_FIELDS: tuple[str, ...] = tuple(field.name for field in dataclasses.fields(Job))

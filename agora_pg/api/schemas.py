@@ -10,7 +10,7 @@ import msgspec
 from agora_pg.db.run_rows import RunRow
 from agora_pg.db.schedule_rows import ScheduleRow
 from agora_pg.job_spec import MAX_TIMEOUT_SECONDS
-from agora_pg.jobs import Job, JobStatus, RunStatus
+from agora_pg.jobs import JOB_FIELDS, Job, JobStatus, RunStatus
 
 Text = Annotated[str, msgspec.Meta(min_length=1, max_length=1000)]
 AwareDatetime = Annotated[datetime, msgspec.Meta(tz=True)]
@@ -98,13 +98,7 @@ class JobOut(msgspec.Struct, kw_only=True):
     @classmethod
     def of(cls, job: Job, runs: list[RunRow] | None = None) -> JobOut:
         return cls(
-            id=job.id, name=job.name, kind=job.kind, queue=job.queue, status=job.status,
-            payload=job.payload, priority=job.priority, run_at=job.run_at, retry_count=job.retry_count,
-            max_retries=job.max_retries, error_message=job.error_message, dedup_key=job.dedup_key,
-            created_at=job.created_at, started_at=job.started_at, finished_at=job.finished_at,
-            locked_by=job.locked_by, lease_expires_at=job.lease_expires_at, attempt=job.attempt,
-            lost_count=job.lost_count, timeout_seconds=job.timeout_seconds,
-            cancel_requested_at=job.cancel_requested_at, progress=job.progress,
+            **{name: getattr(job, name) for name in JOB_FIELDS},
             result=next((run.result for run in runs or () if run.status == "succeeded"), None),
             runs=None if runs is None else [RunOut.of(run) for run in runs],
         )

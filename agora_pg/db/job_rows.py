@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from agora_pg.job_spec import JobSpec
-from agora_pg.jobs import Job, JobStatus
+from agora_pg.jobs import JOB_FIELDS, Job, JobStatus
 
 _STATUSES = {status.value: status for status in JobStatus}
 
@@ -23,32 +23,20 @@ def new_job(
     spec: JobSpec, job_id: int, created_at: datetime, run_at: datetime, default_max_retries: int | None
 ) -> Job:
     """The ``Job`` a spec became, given what the database chose for it."""
-    return Job.from_fields(
-        {
-            "id": job_id,
-            "name": spec.name if spec.name is not None else spec.kind,
-            "kind": spec.kind,
-            "queue": spec.queue_name,
-            "status": JobStatus.PENDING,
-            "payload": spec.payload,
-            "priority": spec.priority,
-            "run_at": run_at,
-            "retry_count": 0,
-            "max_retries": spec.max_retries if spec.max_retries is not None else default_max_retries,
-            "error_message": None,
-            "dedup_key": spec.dedup_key,
-            "created_at": created_at,
-            "started_at": None,
-            "finished_at": None,
-            "locked_by": None,
-            "lease_expires_at": None,
-            "attempt": 0,
-            "lost_count": 0,
-            "timeout_seconds": None if spec.timeout_seconds is None else float(spec.timeout_seconds),
-            "cancel_requested_at": None,
-            "progress": None,
-        }
+    fields = dict(_NEW_JOB)
+    fields.update(
+        id=job_id, name=spec.name if spec.name is not None else spec.kind, kind=spec.kind, queue=spec.queue_name,
+        payload=spec.payload, priority=spec.priority, run_at=run_at,
+        max_retries=spec.max_retries if spec.max_retries is not None else default_max_retries,
+        dedup_key=spec.dedup_key, created_at=created_at,
+        timeout_seconds=None if spec.timeout_seconds is None else float(spec.timeout_seconds),
     )
+    return Job.from_fields(fields)
+
+
+# A job as its insert leaves it, before what the spec and the database give it.
+_NEW_JOB: dict[str, Any] = {**dict.fromkeys(JOB_FIELDS), "status": JobStatus.PENDING, "retry_count": 0,
+                            "attempt": 0, "lost_count": 0}
 
 
 def row_to_job(row: Mapping[str, Any]) -> Job:

@@ -10,13 +10,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from agora_pg.db.tables import ALIVE, CLAIMABLE, CLAIMABLE_NOW
+from agora_pg.jobs import JOB_FIELDS
 from agora_pg.schedules import ERROR_BACKOFF_CAP_SECONDS
 
-JOB_COLUMNS = (
-    "id, name, kind, queue, status, payload::text AS payload, priority, run_at, retry_count, "
-    "max_retries, error_message, dedup_key, created_at, started_at, finished_at, locked_by, "
-    "lease_expires_at, attempt, lost_count, timeout_seconds, cancel_requested_at, progress::text AS progress"
-)
+# Every field of ``jobs.Job``, in its order (jsonb as text: decoded in Python).
+JOB_COLUMNS = ", ".join(f"{name}::text AS {name}" if name in ("payload", "progress") else name for name in JOB_FIELDS)
 # The same for reading a job: a running job's lease is its worker's
 # (agora.workers.lease_expires_at) unless the job has one of its own.
 JOB_READ_COLUMNS = JOB_COLUMNS.replace(

@@ -3,7 +3,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from agora_pg.jobs import Job, JobStatus, will_retry
+from agora_pg.jobs import JOB_FIELDS, Job, JobStatus, will_retry
 
 
 def make_job(status: JobStatus, retry_count: int = 0, max_retries: int | None = 3) -> Job:
@@ -35,3 +35,14 @@ def test_is_finished() -> None:
     assert not make_job(JobStatus.FAILED, retry_count=1, max_retries=3).is_finished
     assert not make_job(JobStatus.PENDING).is_finished
     assert not make_job(JobStatus.PROCESSING).is_finished
+
+
+def test_the_job_is_declared_once_and_its_row_and_api_body_carry_every_field() -> None:
+    from agora_pg.api.schemas import JobOut
+    from agora_pg.db import queries
+    from agora_pg.db.tables import jobs
+
+    assert JOB_FIELDS[:3] == ("id", "name", "kind") and len(JOB_FIELDS) == len(set(JOB_FIELDS))
+    assert JobOut.__struct_fields__ == (*JOB_FIELDS, "result", "runs")  # the API adds what a GET finds
+    assert set(JOB_FIELDS) <= {column.name for column in jobs.columns}
+    assert [part.split(" AS ")[-1].strip() for part in queries.JOB_COLUMNS.split(",")] == list(JOB_FIELDS)
