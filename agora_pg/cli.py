@@ -20,7 +20,7 @@ from agora_pg.db.connect import resolve_database
 from agora_pg.db.store import Store
 from agora_pg.errors import AgoraError, ConfigError, InvalidArgument, InvalidJob
 from agora_pg.loading import load_worker
-from agora_pg.runner.assembly import build_worker_pool
+from agora_pg.runner.assembly import build_worker_pool, read_config
 from agora_pg.runner import WorkerPool
 from agora_pg.logs import FORMATS, LEVELS, configure_logging
 from agora_pg.runtime.process import tune_garbage_collector, warn_unknown_settings
@@ -274,7 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     warn_unknown_settings()
     try:
         # Read and check a config first: a wrong one fails before anything starts.
-        config = pipeline_commands.read_config(args.config) if getattr(args, "config", None) else None
+        config = read_config(args.config) if getattr(args, "config", None) else None
         if args.command in ("api", "dev"):  # a busy port is said before a server starts
             serve.check_port_free("--port", args.host, args.port)
         if args.command in SCHEMA_COMMANDS and load_settings(os.environ).database_url is None:

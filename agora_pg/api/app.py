@@ -28,7 +28,7 @@ from agora_pg.api.jobs import JobController
 from agora_pg.api.probes import health, metrics, ready
 from agora_pg.api.runs import RunController
 from agora_pg.api.schedules import ScheduleController
-from agora_pg.commands.pipelines import read_config
+from agora_pg.runner.assembly import read_config
 from agora_pg.config import PipelineConfig
 from agora_pg.db import migrate
 from agora_pg.db.connect import resolve_database

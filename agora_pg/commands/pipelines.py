@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import logging
-import os
-from pathlib import Path
 
 from agora_pg.commands.operator import operator_store
 from agora_pg.commands.tables import render_table
-from agora_pg.config import PipelineConfig, WorkerConfig, load_config
+from agora_pg.config import PipelineConfig, WorkerConfig
 from agora_pg.db.pipeline_state import PipelineState
 from agora_pg.errors import AgoraError, ConfigError
 from agora_pg.runner import replay
@@ -17,16 +15,6 @@ from agora_pg.pipelines.pipeline import PipelineRun, current_run
 from agora_pg.runtime.process import check_schema, new_worker_id
 
 log = logging.getLogger("agora_pg")
-
-
-def read_config(path: str, key: str = "--config") -> WorkerConfig:
-    """The config file at ``path``, checked completely before anything runs (``key``
-    names where the path came from in errors)."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as error:
-        raise ConfigError(key, f"cannot read {path}: {error.strerror or error}") from None
-    return load_config(text, os.environ)
 
 
 def selected(config: WorkerConfig, name: str | None) -> list[PipelineConfig]:

@@ -1,8 +1,12 @@
-"""Build pipelines and a WorkerPool from a parsed ``agora/v1`` config (``agora_pg.config``)."""
+"""Build pipelines and a WorkerPool from an ``agora/v1`` config (``agora_pg.config``)."""
 
 from __future__ import annotations
 
-from agora_pg.config import Component, PeriodicJobConfig, PipelineConfig, WorkerConfig
+import os
+from pathlib import Path
+
+from agora_pg.config import Component, PeriodicJobConfig, PipelineConfig, WorkerConfig, load_config
+from agora_pg.errors import ConfigError
 from agora_pg.pipelines.pipeline import BuiltPipeline, Pipeline
 from agora_pg.pipelines.sinks import DatabaseSink, JsonlSink, Sink, StdoutSink
 from agora_pg.pipelines.sources import CsvSource, IterableSource, Source, SqlSource
@@ -10,6 +14,16 @@ from agora_pg.pipelines.tracing import Tracing, configure_exporter
 from agora_pg.runner.periodic_job import PeriodicJob
 from agora_pg.runner.scheduled_pipeline import ScheduledPipeline
 from agora_pg.runner.worker_pool import WorkerPool
+
+
+def read_config(path: str, key: str = "--config") -> WorkerConfig:
+    """The config file at ``path``, checked completely before anything runs (``key``
+    names where the path came from in errors)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as error:
+        raise ConfigError(key, f"cannot read {path}: {error.strerror or error}") from None
+    return load_config(text, os.environ)
 
 
 def build_source(component: Component) -> Source:

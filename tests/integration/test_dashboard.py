@@ -13,7 +13,8 @@ import pytest
 
 from agora_pg import ConfigError, Queue
 from agora_pg.api import create_app
-from agora_pg.commands.pipelines import read_config, run_once
+from agora_pg.commands.pipelines import run_once
+from agora_pg.runner.assembly import read_config
 from agora_pg.db import queries
 from agora_pg.db.schedule_rows import ScheduleRegistration
 from agora_pg.db.store import Store

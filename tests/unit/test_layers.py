@@ -54,3 +54,10 @@ def test_pipelines_do_not_import_the_runner() -> None:
     code = "import sys, agora_pg.pipelines\nprint([m for m in sys.modules if m.startswith('agora_pg.runner')])"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_the_api_does_not_import_the_command_line() -> None:
+    """The API and the CLI both compose the layers below them; neither reaches into the other."""
+    code = "import sys, agora_pg.api\nprint([m for m in sys.modules if m.startswith('agora_pg.commands')])"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
