@@ -97,7 +97,7 @@ class Queue:
             dedup_key=dedup_key,
             timeout_seconds=timeout_seconds,
         )
-        [(job, _created)] = await self.store.enqueue(apply_kinds(self.kinds, [spec]), connection,
+        [(job, _created)] = await self.store.jobs.enqueue(apply_kinds(self.kinds, [spec]), connection,
                                                      self.settings.max_retries)
         return job
 
@@ -105,12 +105,12 @@ class Queue:
         self, specs: Iterable[JobSpec], *, connection: CallerConnection | None = None
     ) -> list[Job]:
         """Store many jobs in one statement; returns them in the order given."""
-        results = await self.store.enqueue(apply_kinds(self.kinds, list(specs)), connection, self.settings.max_retries)
+        results = await self.store.jobs.enqueue(apply_kinds(self.kinds, list(specs)), connection, self.settings.max_retries)
         return [job for job, _created in results]
 
     async def get(self, job_id: int) -> Job:
         """The job with this id (``JobNotFound`` otherwise)."""
-        return await self.store.get_job(job_id)
+        return await self.store.jobs.get(job_id)
 
     async def wait(self, job_id: int, *, timeout: float | None = None) -> Any:
         """Wait until the job has finished for good and return its result: what the handler
@@ -134,7 +134,7 @@ class Queue:
                             break
             if job.status is not JobStatus.DONE:
                 raise JobFailed(job.id, job.status.value, job.error_message)
-            runs = await self.store.job_runs(job_id)
+            runs = await self.store.runs.of_job(job_id)
             return next((run.result for run in runs if run.status == "succeeded"), None)
 
     async def events(
@@ -173,4 +173,4 @@ class Queue:
         """Cancel a job: one that has not started at once; a running one is stopped by its
         worker (returned still processing, with ``cancel_requested_at`` set).
         ``InvalidTransition`` for a finished job."""
-        return await self.store.cancel_job(job_id)
+        return await self.store.jobs.cancel(job_id)

@@ -71,7 +71,7 @@ async def run_until_idle(worker: Worker, *, timeout: float = 30.0) -> list[RanJo
         serving = asyncio.create_task(runner.serve(store, settings))
         try:
             async with asyncio.timeout(timeout):
-                while await store.count_work_due_now(settings.queues, settings.max_retries):
+                while await store.jobs.count_work_due_now(settings.queues, settings.max_retries):
                     done, _ = await asyncio.wait([serving], timeout=IDLE_POLL_SECONDS)
                     if done:  # the worker ended by itself: its error is the test's
                         serving.result()
@@ -79,7 +79,7 @@ async def run_until_idle(worker: Worker, *, timeout: float = 30.0) -> list[RanJo
         finally:
             runner.stop()
             await asyncio.wait_for(serving, settings.shutdown_timeout + 10)
-        return [RanJob(job, result) for job, result in await store.jobs_finished_since(started)]
+        return [RanJob(job, result) for job, result in await store.jobs.finished_since(started)]
     finally:
         await store.close()
 

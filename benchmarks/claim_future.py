@@ -80,8 +80,8 @@ async def main() -> None:
         tomorrow = datetime.now(UTC) + timedelta(days=1)
         for start in range(0, args.future, 5000):
             count = min(5000, args.future - start)
-            await store.enqueue([JobSpec("later", priority=1, run_at=tomorrow) for _ in range(count)])
-        await store.enqueue([JobSpec("now") for _ in range(args.due)])
+            await store.jobs.enqueue([JobSpec("later", priority=1, run_at=tomorrow) for _ in range(count)])
+        await store.jobs.enqueue([JobSpec("now") for _ in range(args.due)])
         async with store.connection() as connection:
             delayed = await _measure(connection, args.due, args.claims)
             await connection.execute("UPDATE agora.jobs SET delayed = false")
@@ -92,7 +92,7 @@ async def main() -> None:
             await connection.execute("VACUUM ANALYZE agora.jobs")
         started = time.perf_counter()
         promoted = 0
-        while (promotion := await store.promote_due_jobs(PROMOTE_BATCH)).promoted:
+        while (promotion := await store.jobs.promote_due(PROMOTE_BATCH)).promoted:
             promoted += promotion.promoted
         promote_seconds = time.perf_counter() - started
     print(f"claim of {args.due} due jobs beside {args.future:,} higher-priority jobs due tomorrow "

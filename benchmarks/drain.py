@@ -59,7 +59,7 @@ def database_named(server: Database, name: str) -> Database:
 async def enqueue(store: Store, jobs: int) -> float:
     started = time.perf_counter()
     for offset in range(0, jobs, 5000):
-        await store.enqueue([JobSpec("noop", {"i": i}) for i in range(offset, min(jobs, offset + 5000))])
+        await store.jobs.enqueue([JobSpec("noop", {"i": i}) for i in range(offset, min(jobs, offset + 5000))])
     return time.perf_counter() - started
 
 

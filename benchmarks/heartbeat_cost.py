@@ -7,7 +7,7 @@ A scratch database gets W worker rows, each with a live worker lease, and W x J 
 ``processing``, each claimed under its worker's lease (no lease of its own, as a claim
 leaves it). One round is what the lease supervisors of all W workers send in one renewal
 interval (``lease_seconds / RENEWALS_PER_LEASE``): W ``RENEW_LEASES`` statements (the statement of
-``Store.renew_leases``), each naming its worker's J ``(id, attempt)`` tokens,
+``store.workers.renew_leases``), each naming its worker's J ``(id, attempt)`` tokens,
 over 10 connections. Measured per round: the CPU time of the server processes that ran
 the statements (from ``/proc/<backend pid>/stat``, so the server must run on this host),
 the WAL written (``pg_current_wal_lsn``), and how many job rows were updated (and how many

@@ -112,7 +112,7 @@ async def run(args: argparse.Namespace) -> None:
             processes.append(worker)
             started = time.time()
             for offset in range(0, args.jobs, 1000):
-                await store.enqueue([JobSpec("noop") for _ in range(min(1000, args.jobs - offset))])
+                await store.jobs.enqueue([JobSpec("noop") for _ in range(min(1000, args.jobs - offset))])
             results = []
             for reader in readers:
                 output, _ = reader.communicate(timeout=600)

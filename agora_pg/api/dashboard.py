@@ -124,7 +124,7 @@ class DashboardFragments(Controller):
             "queue": params.text_filter("queue", queue or None),
             "before_id": params.cursor_id(cursor or None),
         }
-        jobs = await store.list_jobs(filters, PAGE_SIZE)
+        jobs = await store.jobs.search(filters, PAGE_SIZE)
         next_cursor = params.next_cursor([job.id for job in jobs], PAGE_SIZE)
         return Template("fragments/jobs.html", context={
             "jobs": jobs, "next_cursor": next_cursor, "more": f"/ui/fragments/jobs?cursor={next_cursor}",
@@ -133,10 +133,10 @@ class DashboardFragments(Controller):
     @get("/jobs/{job_id:int}")
     async def job(self, store: NamedDependency[Store], job_id: FromPath[int]) -> Template:
         try:
-            job = await store.get_job(job_id)
+            job = await store.jobs.get(job_id)
         except JobNotFound:
             return Template("fragments/job.html", context={"job": None, "job_id": job_id})
-        runs = await store.job_runs(job_id)
+        runs = await store.runs.of_job(job_id)
         return Template("fragments/job.html", context={
             "job": job, "runs": runs, "payload": json.dumps(job.payload, indent=2, ensure_ascii=False),
         })

@@ -54,7 +54,7 @@ class JobController(Controller):
             run_at=data.run_at, max_retries=data.max_retries, dedup_key=data.dedup_key,
             timeout_seconds=data.timeout_seconds,
         )
-        [(job, created)] = await store.enqueue(apply_kinds(kinds, [spec]), None, settings.max_retries)
+        [(job, created)] = await store.jobs.enqueue(apply_kinds(kinds, [spec]), None, settings.max_retries)
         return Response(JobOut.of(job), status_code=201 if created else 200)
 
     @get("/")
@@ -74,26 +74,26 @@ class JobController(Controller):
             "queue": params.text_filter("queue", queue),
             "before_id": params.cursor_id(cursor),
         }
-        jobs = await store.list_jobs(filters, params.page_limit(limit))
+        jobs = await store.jobs.search(filters, params.page_limit(limit))
         return JobPage([JobOut.of(job) for job in jobs], params.next_cursor([job.id for job in jobs], limit))
 
     @get("/{job_id:int}")
     async def get_job(self, job_id: FromPath[int], store: NamedDependency[Store]) -> JobOut:
         """One job with all its runs."""
-        job = await store.get_job(job_id)
-        return JobOut.of(job, await store.job_runs(job_id))
+        job = await store.jobs.get(job_id)
+        return JobOut.of(job, await store.runs.of_job(job_id))
 
     @post("/{job_id:int}/retry", status_code=200)
     async def retry_job(self, job_id: FromPath[int], store: NamedDependency[Store]) -> JobOut:
         """Put a failed or cancelled job back to pending, due now (409 otherwise)."""
-        return JobOut.of(await store.retry_job(job_id))
+        return JobOut.of(await store.jobs.retry(job_id))
 
     @post("/{job_id:int}/cancel", status_code=200)
     async def cancel_job(self, job_id: FromPath[int], store: NamedDependency[Store]) -> JobOut:
         """Cancel a job: one that has not started becomes ``cancelled`` at once; a running one
         is stopped by its worker within about a second (it is returned still ``processing``,
         with ``cancel_requested_at`` set, and ends ``cancelled``). 409 for a finished job."""
-        return JobOut.of(await store.cancel_job(job_id))
+        return JobOut.of(await store.jobs.cancel(job_id))
 
 
 def _encoded_payload(value: object) -> bytes:

@@ -39,5 +39,5 @@ class RunController(Controller):
             "until": params.timestamp("until", until),
             "before_id": params.cursor_id(cursor),
         }
-        runs = await store.list_runs(filters, params.page_limit(limit))
+        runs = await store.runs.search(filters, params.page_limit(limit))
         return RunPage([RunOut.of(run) for run in runs], params.next_cursor([run.id for run in runs], limit))

@@ -19,11 +19,11 @@ class ScheduleController(Controller):
     @get("/")
     async def list_schedules(self, store: NamedDependency[Store]) -> list[ScheduleOut]:
         """Every schedule, by pipeline id."""
-        return [ScheduleOut.of(row) for row in await store.list_schedules()]
+        return [ScheduleOut.of(row) for row in await store.schedules.all()]
 
     @get("/{pipeline_id:str}")
     async def get_schedule(self, pipeline_id: FromPath[str], store: NamedDependency[Store]) -> ScheduleOut:
-        row = await store.get_schedule(_pipeline_id(pipeline_id))
+        row = await store.schedules.get(_pipeline_id(pipeline_id))
         if row is None:
             raise ScheduleNotFound(pipeline_id)
         return ScheduleOut.of(row)
@@ -31,17 +31,17 @@ class ScheduleController(Controller):
     @post("/{pipeline_id:str}/pause", status_code=200)
     async def pause(self, pipeline_id: FromPath[str], store: NamedDependency[Store]) -> ScheduleOut:
         """No new run starts until resumed; a run in progress finishes."""
-        return ScheduleOut.of(await store.pause_schedule(_pipeline_id(pipeline_id)))
+        return ScheduleOut.of(await store.schedules.pause(_pipeline_id(pipeline_id)))
 
     @post("/{pipeline_id:str}/resume", status_code=200)
     async def resume(self, pipeline_id: FromPath[str], store: NamedDependency[Store]) -> ScheduleOut:
         """Start a paused schedule again, or a stopped one (its error count reset, due now)."""
-        return ScheduleOut.of(await store.resume_schedule(_pipeline_id(pipeline_id)))
+        return ScheduleOut.of(await store.schedules.resume(_pipeline_id(pipeline_id)))
 
     @post("/{pipeline_id:str}/trigger", status_code=200)
     async def trigger(self, pipeline_id: FromPath[str], store: NamedDependency[Store]) -> ScheduleOut:
         """Run an active, idle schedule now, once; then it keeps its schedule."""
-        return ScheduleOut.of(await store.trigger_schedule(_pipeline_id(pipeline_id)))
+        return ScheduleOut.of(await store.schedules.trigger(_pipeline_id(pipeline_id)))
 
 
 def _pipeline_id(value: str) -> str:

@@ -92,7 +92,7 @@ async def submit(kind: str, payload: str, queue: str, priority: int, run_at: str
                    run_at=parse_time("--run-at", run_at), max_retries=max_retries, dedup_key=dedup_key,
                    timeout_seconds=timeout)
     async with operator_store() as (store, settings):
-        [(job, created)] = await store.enqueue([spec], None, settings.max_retries)
+        [(job, created)] = await store.jobs.enqueue([spec], None, settings.max_retries)
     note = "" if created else f"\n(a live job with dedup key {dedup_key!r} already existed)"
     return render_table(JOB_HEADERS, [job_row(job)]) + note
 
@@ -100,14 +100,14 @@ async def submit(kind: str, payload: str, queue: str, priority: int, run_at: str
 async def list_jobs(status: str | None, kind: str | None, queue: str | None, limit: int) -> str:
     filters = {"status": parse_choice("--status", status, JobStatus), "kind": kind, "queue": queue}
     async with operator_store() as (store, _settings):
-        jobs = await store.list_jobs(filters, _limit(limit))
+        jobs = await store.jobs.search(filters, _limit(limit))
     return render_table(JOB_HEADERS, [job_row(job) for job in jobs])
 
 
 async def show_job(job_id: int) -> str:
     async with operator_store() as (store, _settings):
-        job = await store.get_job(job_id)
-        runs = await store.job_runs(job_id)
+        job = await store.jobs.get(job_id)
+        runs = await store.runs.of_job(job_id)
     details = [
         ("id", job.id), ("name", job.name), ("kind", job.kind), ("queue", job.queue), ("status", job.status.value),
         ("priority", job.priority), ("run_at", job.run_at), ("retry_count", job.retry_count),
@@ -132,13 +132,13 @@ def tracebacks(runs: list[RunRow]) -> str:
 
 async def retry_job(job_id: int) -> str:
     async with operator_store() as (store, _settings):
-        job = await store.retry_job(job_id)
+        job = await store.jobs.retry(job_id)
     return render_table(JOB_HEADERS, [job_row(job)])
 
 
 async def cancel_job(job_id: int) -> str:
     async with operator_store() as (store, _settings):
-        job = await store.cancel_job(job_id)
+        job = await store.jobs.cancel(job_id)
     return render_table(JOB_HEADERS, [job_row(job)])
 
 
@@ -151,14 +151,14 @@ async def list_runs(pipeline_id: str | None, job_id: int | None, status: str | N
         "since": parse_time("--since", since), "until": parse_time("--until", until),
     }
     async with operator_store() as (store, _settings):
-        runs = await store.list_runs(filters, _limit(limit))
+        runs = await store.runs.search(filters, _limit(limit))
     table = render_table(RUN_HEADERS, [run_row(run) for run in runs])
     return table + (tracebacks(runs) if with_tracebacks else "")
 
 
 async def list_schedules() -> str:
     async with operator_store() as (store, _settings):
-        rows = await store.list_schedules()
+        rows = await store.schedules.all()
     return render_table(SCHEDULE_HEADERS, [schedule_row(row) for row in rows])
 
 
@@ -166,12 +166,12 @@ async def change_schedule(action: str, pipeline_id: str) -> str:
     """``show``, ``pause``, ``resume`` or ``trigger`` one schedule (as the HTTP API does)."""
     async with operator_store() as (store, _settings):
         if action == "show":
-            row = await store.get_schedule(pipeline_id)
+            row = await store.schedules.get(pipeline_id)
             if row is None:
                 raise ScheduleNotFound(pipeline_id)
         else:
-            change = {"pause": store.pause_schedule, "resume": store.resume_schedule,
-                      "trigger": store.trigger_schedule}[action]
+            change = {"pause": store.schedules.pause, "resume": store.schedules.resume,
+                      "trigger": store.schedules.trigger}[action]
             row = await change(pipeline_id)
     return render_table(SCHEDULE_HEADERS, [schedule_row(row)])
 

@@ -227,7 +227,7 @@ class BuiltPipeline:
             return
         document = progress.as_json(progress.pipeline_progress(read, written, rejected, datetime.now(UTC)))
         try:
-            await run.store.report_run_progress(run.run_id, document)
+            await run.store.runs.report_progress(run.run_id, document)
         except DatabaseUnavailable as error:
             log.warning("pipeline %s run %s: progress not written: %s", self.id, run.run_id, error)
 

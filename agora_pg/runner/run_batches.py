@@ -170,7 +170,7 @@ class RunBatches:
         )
         self._finishes: _Batcher[RunFinish, bool] = _Batcher(self._finish_many, "pipeline-run-finishes")
         self._reads: _Batcher[str, ScheduleRow] = _Batcher(
-            self._store.get_schedules, "schedule-reads", CLAIM_GATHER_SECONDS
+            self._store.schedules.get_many, "schedule-reads", CLAIM_GATHER_SECONDS
         )
         self._clock_read: asyncio.Task[None] | None = None
 
@@ -186,7 +186,7 @@ class RunBatches:
         self.clock.observe(*await self._store.read_database_clock())
 
     async def claim(self, pipeline_id: str, spec: str, not_before: float = 0.0) -> ClaimedRun | None:
-        """Claim the pipeline's due run (as ``Store.claim_pipeline_runs``) in a statement
+        """Claim the pipeline's due run (as ``store.schedules.claim_runs``) in a statement
         sent at monotonic ``not_before`` or later, or None when it is not due, leased, or
         registered with another spec. A claim for a due moment (``not_before`` given) of a
         pipeline another process claims first is sent ``FALLBACK_DELAY`` later. A claim
@@ -196,12 +196,12 @@ class RunBatches:
         return await self._claims.ask(pipeline_id, (pipeline_id, spec), not_before)
 
     async def finish(self, finish: RunFinish) -> bool:
-        """Record a run's end (as ``Store.finish_pipeline_runs``); False when this worker
+        """Record a run's end (as ``store.schedules.finish_runs``); False when this worker
         no longer held the run's lease."""
         return bool(await self._finishes.ask(finish.pipeline_id, finish))
 
     async def read_schedule(self, pipeline_id: str) -> ScheduleRow | None:
-        """The pipeline's schedule row (as ``Store.get_schedule``), read in one statement
+        """The pipeline's schedule row (as ``store.schedules.get``), read in one statement
         with those of the other pipelines that ask meanwhile (the losers of one tick's
         claims all look at their rows at once); None when it has none."""
         return await self._reads.ask(pipeline_id, pipeline_id)
@@ -231,9 +231,9 @@ class RunBatches:
         while True:
             try:
                 if not registered:
-                    await self._store.register_worker(self._worker_id, hostname, pid, (), runs_pipelines=True)
+                    await self._store.workers.register(self._worker_id, hostname, pid, (), runs_pipelines=True)
                     registered = True
-                peers, database_now, sent_at = await self._store.live_pipeline_workers(self._lease_seconds)
+                peers, database_now, sent_at = await self._store.workers.live_pipeline_workers(self._lease_seconds)
                 self.shares.update(peers)
                 self.clock.observe(database_now, sent_at)
             except DatabaseUnavailable as error:
@@ -243,11 +243,11 @@ class RunBatches:
             await asyncio.sleep(interval)
 
     async def _claim_many(self, asks: list[tuple[str, str]]) -> Mapping[str, ClaimedRun]:
-        claimed = await self._store.claim_pipeline_runs(asks, self._worker_id, self._lease_seconds)
+        claimed = await self._store.schedules.claim_runs(asks, self._worker_id, self._lease_seconds)
         for run in itertools.islice(claimed.values(), 1):  # (one statement: one reading)
             self.clock.observe(run.database_now, run.sent_at)
         return claimed
 
     async def _finish_many(self, finishes: list[RunFinish]) -> Mapping[str, bool]:
-        recorded: Collection[str] = await self._store.finish_pipeline_runs(finishes)
+        recorded: Collection[str] = await self._store.schedules.finish_runs(finishes)
         return dict.fromkeys(recorded, True)

@@ -266,7 +266,7 @@ class _PipelineRunner:
             new_launch=pipeline.schedule.once_per_launch,
         )
         try:
-            pipeline._row = await self._call(lambda: self.store.upsert_schedule(registration), "registering")
+            pipeline._row = await self._call(lambda: self.store.schedules.upsert(registration), "registering")
         except DatabaseUnavailable:
             return False
         log.info(
@@ -325,7 +325,7 @@ class _PipelineRunner:
             raise _ScheduleStopped(ScheduleStopped(pipeline.pipeline_id, row.consecutive_errors, row.last_error))
         if row.state == "completed" and row.schedule_spec == self.spec:
             if pipeline.schedule.once_per_launch:  # another launch ran it meanwhile: this one runs it too
-                again = await self._call(lambda: self.store.launch_once_again(pipeline.pipeline_id, self.spec),
+                again = await self._call(lambda: self.store.schedules.launch_once_again(pipeline.pipeline_id, self.spec),
                                          "launching its once schedule again")
                 pipeline._row = again or row
                 return 0.0
@@ -337,7 +337,7 @@ class _PipelineRunner:
     async def _rescue(self) -> ScheduleRow | None:
         """Take the run over from a worker whose lease expired: counted as a failed run."""
         pipeline = self.pipeline
-        row = await self._call(lambda: self.store.rescue_pipeline_run(pipeline.pipeline_id), "taking over its run")
+        row = await self._call(lambda: self.store.schedules.rescue_run(pipeline.pipeline_id), "taking over its run")
         if row is None:
             return None
         pipeline._row = row
@@ -455,7 +455,7 @@ class _PipelineRunner:
         (if the database does not answer in time, the lease simply expires)."""
         try:
             await asyncio.wait_for(
-                self.store.release_pipeline_run(self.pipeline.pipeline_id, self.worker_id, claimed.run_id),
+                self.store.schedules.release_run(self.pipeline.pipeline_id, self.worker_id, claimed.run_id),
                 RELEASE_TIMEOUT,
             )
             log.warning("pipeline %s: run cancelled at shutdown and released", self.pipeline.pipeline_id)

@@ -63,7 +63,7 @@ class Scheduler:
         now = await self.store.database_now()
         for periodic in self.periodic_jobs.values():
             schedule = periodic.schedule
-            self.rows[periodic.pipeline_id] = await self.store.upsert_schedule(ScheduleRegistration(
+            self.rows[periodic.pipeline_id] = await self.store.schedules.upsert(ScheduleRegistration(
                 pipeline_id=periodic.pipeline_id, kind=schedule.kind.value, spec=schedule.spec,
                 first_run_at=schedule.first_run_at(now), error_backoff_seconds=periodic.error_backoff_seconds,
                 max_consecutive_errors=periodic.max_consecutive_errors, new_launch=schedule.once_per_launch,
@@ -78,12 +78,12 @@ class Scheduler:
 
     async def run_once(self) -> SchedulerPass:
         """Enqueue every due tick; returns what was enqueued and how long to wait."""
-        enqueued = await self.store.enqueue_due_ticks(self.wanted, self.plan, self.worker_id)
+        enqueued = await self.store.schedules.enqueue_due_ticks(self.wanted, self.plan, self.worker_id)
         for tick, job in enqueued:
             log.info("periodic job %s: tick %s enqueued job %d (kind %r)", tick.pipeline_id, tick.tick.isoformat(),
                      job.id, job.kind)
-        due_in = await self.store.next_tick_in(self.wanted)
-        self.rows = await self.store.get_schedules(list(self.periodic_jobs))
+        due_in = await self.store.schedules.next_tick_in(self.wanted)
+        self.rows = await self.store.schedules.get_many(list(self.periodic_jobs))
         wait = MAX_WAIT if due_in is None else min(max(due_in, MIN_WAIT), MAX_WAIT)
         return SchedulerPass(enqueued, wait)
 

@@ -208,7 +208,7 @@ class WorkerPool:
         """A clean stop gives up the worker lease, so the peers take this process's share
         of the ticks at once (not once the lease has passed)."""
         try:
-            await store.stop_worker(worker_id)
+            await store.workers.stop(worker_id)
         except Exception as error:  # (in a finally: the error that stopped the pool, if any, stands)
             log.warning("recording the stop of %s failed (its lease will pass): %s", worker_id, error)
 

@@ -278,7 +278,7 @@ class LeaseSupervisor:
         runs = [(str(t.key), t.number) for t in tokens if t.resource == "run"]
         if self._worker_lease_from is None:
             self._worker_lease_from = sent_at
-        renewal = await store.renew_leases(self.worker_id, self.lease_seconds, jobs, runs)
+        renewal = await store.workers.renew_leases(self.worker_id, self.lease_seconds, jobs, runs)
         if renewal.worker_renewed:
             self._worker_lease_from = sent_at
         lost = [holder for holder, t in zip(holders, tokens, strict=True)

@@ -134,9 +134,9 @@ class Completer:
                 others.append(self._finish_row(attempt, attempt.outcome))
         written: set[int] = set()
         if successes:
-            written |= await self._store.complete_succeeded(successes, self._worker_id, results)
+            written |= await self._store.jobs.complete_succeeded(successes, self._worker_id, results)
         if others:
-            written |= await self._store.finish_jobs(
+            written |= await self._store.jobs.finish(
                 others, self._worker_id, self._max_lost_attempts, self._default_max_retries
             )
         return written

@@ -116,7 +116,7 @@ class ProgressReporter:
 
     async def _write(self, reports: dict[tuple[int, int], str]) -> None:
         try:
-            await self.store.report_job_progress(
+            await self.store.jobs.report_progress(
                 self.worker_id, [(job_id, attempt, document) for (job_id, attempt), document in reports.items()]
             )
         except DatabaseUnavailable as error:

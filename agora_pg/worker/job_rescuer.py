@@ -35,16 +35,16 @@ class JobRescuer:
 
     async def run_once(self) -> list[int]:
         if time.monotonic() >= self._uncovered_due:
-            await self._store.lease_uncovered_jobs(self._lease_seconds)
+            await self._store.workers.lease_uncovered_jobs(self._lease_seconds)
             self._uncovered_due = time.monotonic() + UNCOVERED_EVERY_SECONDS
         rescued: list[int] = []
         while True:
-            batch = await self._store.rescue_expired(self._max_lost_attempts, self._default_max_retries, BATCH)
+            batch = await self._store.jobs.rescue_expired(self._max_lost_attempts, self._default_max_retries, BATCH)
             rescued.extend(batch)
             if len(batch) < BATCH:
                 break
         if rescued:
             log.warning("rescued %d job(s) from lost workers: %s", len(rescued), rescued[:20])
-        await self._store.settle_worker_leases(SETTLE_LEASE_SECONDS)
-        await self._store.delete_stale_workers(STALE_WORKER_SECONDS)
+        await self._store.workers.settle_leases(SETTLE_LEASE_SECONDS)
+        await self._store.workers.delete_stale(STALE_WORKER_SECONDS)
         return rescued

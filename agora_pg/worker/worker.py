@@ -181,7 +181,7 @@ class _WorkerRun:
         worker, settings = self.worker, self.settings
         try:
             await retry_database(
-                lambda: self.store.register_worker(worker.id, socket.gethostname(), os.getpid(), settings.queues),
+                lambda: self.store.workers.register(worker.id, socket.gethostname(), os.getpid(), settings.queues),
                 what="registering the worker", stop=worker._stopping,
             )
         except Stopped:  # stopped before it started: nothing was claimed, nothing to wait for
@@ -241,7 +241,7 @@ class _WorkerRun:
                     limit = min(free, self.claim_batch)
                     claimed_at = time.monotonic()
                     jobs = await self._unless_stopping(
-                        self.store.claim_jobs(settings.queues, limit, worker.id, settings.lease_seconds)
+                        self.store.jobs.claim(settings.queues, limit, worker.id, settings.lease_seconds)
                     )
                     pause.reset()
                     self._start(await self._one_suspect_at_most(jobs), claimed_at)
@@ -279,7 +279,7 @@ class _WorkerRun:
             return jobs
         extra = suspects[keep:]
         try:
-            await self.store.release_claimed_jobs(self.worker.id, [(job.id, job.attempt) for job in extra])
+            await self.store.jobs.release_claimed(self.worker.id, [(job.id, job.attempt) for job in extra])
         except DatabaseUnavailable:  # (the lease supervisor finds them held here unknowingly: given back later)
             log.warning("could not give back %d job(s) with lost attempts: %s", len(extra), [j.id for j in extra])
         else:
@@ -292,7 +292,7 @@ class _WorkerRun:
         """Run the jobs this worker holds without knowing it: a claim that committed but
         whose reply was lost (or arrived after the call gave up)."""
         claimed_at = time.monotonic()
-        jobs = await self.store.adopt_unknown_jobs(self.worker.id, self._held_job_ids(), self.settings.lease_seconds)
+        jobs = await self.store.jobs.adopt_unknown(self.worker.id, self._held_job_ids(), self.settings.lease_seconds)
         if jobs:
             log.warning("found %d job(s) claimed by a call whose reply was lost; running them: %s",
                         len(jobs), [job.id for job in jobs])
@@ -418,7 +418,7 @@ class _WorkerRun:
         while not self.side_stop.is_set():
             self.delayed_inserted.clear()
             try:
-                promotion = await unless_stopped(self.store.promote_due_jobs(PROMOTE_BATCH), self.side_stop)
+                promotion = await unless_stopped(self.store.jobs.promote_due(PROMOTE_BATCH), self.side_stop)
                 promoted_at = loop.time()
                 pause.reset()
                 if promotion.promoted:
@@ -495,10 +495,10 @@ class _WorkerRun:
             log.info("worker %s stopped at once", worker.id)
             return
         await self._bounded(
-            self.store.release_unstarted_jobs(worker.id, self._held_job_ids()),
+            self.store.jobs.release_unstarted(worker.id, self._held_job_ids()),
             "giving back jobs claimed but not started",
         )
-        await self._bounded(self.store.stop_worker(worker.id), "recording the worker's stop")
+        await self._bounded(self.store.workers.stop(worker.id), "recording the worker's stop")
         log.info("worker %s stopped", worker.id)
 
     async def _bounded(self, call: Coroutine[Any, Any, Any], what: str) -> None:

@@ -26,7 +26,7 @@ EXAMPLES_PER_OPERATION = 50  # (about 1,200 cases a run: every phase, every chec
 async def _a_schedule(database_url: str) -> None:
     store = Store.open(Database(database_url), pool_size=1)
     try:
-        await store.upsert_schedule(ScheduleRegistration(
+        await store.schedules.upsert(ScheduleRegistration(
             pipeline_id="nightly", kind="cron", spec="cron('0 3 * * *')",
             first_run_at=datetime.now(UTC) + timedelta(hours=1), error_backoff_seconds=60, max_consecutive_errors=3,
         ))

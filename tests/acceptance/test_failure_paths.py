@@ -196,7 +196,7 @@ async def test_a_stall_longer_than_the_lease_never_runs_a_job_or_a_pipeline_twic
         store = Store.open(Database(url), pool_size=1)
         try:
             await migrate.upgrade(store)
-            [job] = await store.enqueue([JobSpec("ledger", {"seconds": 6})])
+            [job] = await store.jobs.enqueue([JobSpec("ledger", {"seconds": 6})])
         finally:
             await store.close()
         job_id = job[0].id
@@ -485,13 +485,13 @@ async def test_a_worker_waits_out_a_connection_limit_that_refuses_its_listen_con
             limited = server.url().replace("postgres@", "limited@", 1)
             hogs = [await asyncpg.connect(limited) for _ in range(2)]  # two of the role's four connections
             worker = start_worker(processes, limited, LEDGER_DIR=str(ledger_dir))
-            await store.enqueue([JobSpec("ledger") for _ in range(20)])
+            await store.jobs.enqueue([JobSpec("ledger") for _ in range(20)])
             await eventually(lambda: all_done(server.url(), 20), 60, "the jobs done by polling")
             assert alive(worker)
             for hog in hogs:
                 await hog.close()
             await eventually(lambda: _listening_as(server.url(), "limited"), 30, "the worker listening again")
-            await store.enqueue([JobSpec("ledger")])
+            await store.jobs.enqueue([JobSpec("ledger")])
             await eventually(lambda: all_done(server.url(), 21), 30, "a job after the slots freed")
         finally:
             await store.close()

@@ -177,7 +177,7 @@ class Producer:
                 if due > 0:
                     specs = [JobSpec(self.kind, {"seconds": self.job_seconds}) for _ in range(due)]
                     try:
-                        jobs = await store.enqueue(specs)
+                        jobs = await store.jobs.enqueue(specs)
                     except (DatabaseUnavailable, OSError):
                         self.failed_batches += 1
                         await asyncio.sleep(0.2)
@@ -331,7 +331,7 @@ async def wake_up_latency(database_url: str, ledger_dir: Path, timeout: float = 
     """Seconds from one ``work`` job's enqueue to its execution, with the workers idle."""
     store = Store.open(Database(database_url), pool_size=1)
     try:
-        [(job, _created)] = await store.enqueue([JobSpec("work", {"seconds": 0})])
+        [(job, _created)] = await store.jobs.enqueue([JobSpec("work", {"seconds": 0})])
         sent = time.time()
     finally:
         await store.close()

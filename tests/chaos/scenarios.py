@@ -663,7 +663,7 @@ async def event_burst(setup: Setup, size: Size) -> Result:
         for number, offset in enumerate(batches):
             await asyncio.sleep(max(0.0, started + 2.0 * number / len(batches) - time.time()))
             batch = [JobSpec("work", {"seconds": 0}) for _ in range(min(1000, size.burst - offset))]
-            acknowledged += [job.id for job, _ in await store.enqueue(batch)]
+            acknowledged += [job.id for job, _ in await store.jobs.enqueue(batch)]
         enqueue_seconds = time.time() - started
     finally:
         await store.close()
@@ -698,11 +698,11 @@ async def bad_handlers(setup: Setup, size: Size) -> Result:
             # exit jobs, they could die with their worker three times and end WorkerLost
             # (as they should) instead of showing how their error text is recorded.
             for kind, retries in (("poison", 0), ("hang", 1), ("exit", 3)):
-                jobs = await store.enqueue([JobSpec(kind, {}, max_retries=retries) for _ in range(2)])
+                jobs = await store.jobs.enqueue([JobSpec(kind, {}, max_retries=retries) for _ in range(2)])
                 bad[kind] = [job.id for job, _ in jobs]
                 poison_ends = time.monotonic() + 10
                 while kind == "poison" and time.monotonic() < poison_ends:
-                    if all([(await store.get_job(job_id)).status.value == "failed" for job_id in bad[kind]]):
+                    if all([(await store.jobs.get(job_id)).status.value == "failed" for job_id in bad[kind]]):
                         break
                     await asyncio.sleep(0.1)
         finally:

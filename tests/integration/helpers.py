@@ -38,7 +38,7 @@ async def record_failure(
 ) -> set[int]:
     """Record a failed attempt as a worker's completer does (retried after ``delay``)."""
     finish = JobFinish(job_id, attempt, "failed", error_type, message, None, delay, False)
-    return await store.finish_jobs([finish], worker_id, max_lost_attempts=3, default_max_retries=3)
+    return await store.jobs.finish([finish], worker_id, max_lost_attempts=3, default_max_retries=3)
 
 
 @contextlib.asynccontextmanager

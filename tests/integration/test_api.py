@@ -39,12 +39,12 @@ async def client(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
 
 async def _finish(store: Store, job_id: int, *, fail: bool) -> None:
     """Claim the job as a worker would and record one outcome."""
-    [claimed] = await store.claim_jobs(["default"], 1, "w1", 30)
+    [claimed] = await store.jobs.claim(["default"], 1, "w1", 30)
     assert claimed.id == job_id
     if fail:
         await record_failure(store, job_id, claimed.attempt, "w1", "boom")
     else:
-        await store.complete_succeeded([(job_id, claimed.attempt)], "w1")
+        await store.jobs.complete_succeeded([(job_id, claimed.attempt)], "w1")
 
 
 # -- POST /jobs -------------------------------------------------------------------
@@ -98,7 +98,7 @@ async def test_post_job_rejects_bad_input_naming_the_field(
     error = response.json()
     assert error["status_code"] == 400 and error["field"] == field, error
     assert words.lower() in error["detail"].lower(), error
-    assert await store.list_jobs({}, 10) == []
+    assert await store.jobs.search({}, 10) == []
 
 
 async def test_post_job_rejects_malformed_json(client: httpx.AsyncClient) -> None:
@@ -115,7 +115,7 @@ async def test_payload_over_the_limit_is_413(store: Store, settings: Settings) -
         assert large.status_code == 413 and large.json()["field"] == "payload"
         huge = await client.post("/jobs", json={"kind": "k", "payload": {"x": "a" * 200_000}})
         assert huge.status_code == 413
-    assert len(await store.list_jobs({}, 10)) == 1
+    assert len(await store.jobs.search({}, 10)) == 1
 
 
 # -- reading jobs -----------------------------------------------------------------
@@ -179,14 +179,14 @@ async def test_cancel_of_a_running_job_asks_its_worker_and_done_jobs_are_409(
     client: httpx.AsyncClient, store: Store
 ) -> None:
     job = (await client.post("/jobs", json={"kind": "k"})).json()
-    [claimed] = await store.claim_jobs(["default"], 1, "w1", 30)
+    [claimed] = await store.jobs.claim(["default"], 1, "w1", 30)
     response = await client.post(f"/jobs/{job['id']}/cancel")
     assert response.status_code == 200, response.text
     asked = response.json()
     assert asked["status"] == "processing" and asked["cancel_requested_at"] is not None
-    renewal = await store.renew_leases("w1", 30, [(claimed.id, claimed.attempt)], [])
+    renewal = await store.workers.renew_leases("w1", 30, [(claimed.id, claimed.attempt)], [])
     assert renewal.cancel_jobs == {(claimed.id, claimed.attempt)}  # the fallback when the NOTIFY is missed
-    await store.complete_succeeded([(claimed.id, claimed.attempt)], "w1")  # it finished first
+    await store.jobs.complete_succeeded([(claimed.id, claimed.attempt)], "w1")  # it finished first
     for action in ("retry", "cancel"):
         response = await client.post(f"/jobs/{job['id']}/{action}")
         assert response.status_code == 409 and "done" in response.json()["detail"]
@@ -214,7 +214,7 @@ async def test_retry_is_409_when_a_live_job_holds_the_dedup_key(client: httpx.As
 
 
 async def _register(store: Store, pipeline_id: str) -> None:
-    await store.upsert_schedule(ScheduleRegistration(
+    await store.schedules.upsert(ScheduleRegistration(
         pipeline_id=pipeline_id, kind="every", spec="every(seconds=60)",
         first_run_at=datetime.now(UTC) + timedelta(hours=1), error_backoff_seconds=60, max_consecutive_errors=3,
     ))
@@ -229,14 +229,14 @@ async def test_schedules_list_show_pause_resume_trigger(client: httpx.AsyncClien
     assert (shown["state"], shown["running"], shown["schedule_spec"]) == ("active", False, "every(seconds=60)")
 
     assert (await client.post("/schedules/a-ingest/pause")).json()["state"] == "paused"
-    assert await store.claim_pipeline_run("a-ingest", "every(seconds=60)", "w1", 30) is None
+    assert await store.schedules.claim_run("a-ingest", "every(seconds=60)", "w1", 30) is None
     refused = await client.post("/schedules/a-ingest/trigger")
     assert refused.status_code == 409 and "paused" in refused.json()["detail"]
     assert (await client.post("/schedules/a-ingest/resume")).json()["state"] == "active"
 
     triggered = (await client.post("/schedules/a-ingest/trigger")).json()
     assert datetime.fromisoformat(triggered["next_run_at"]) <= datetime.now(UTC)
-    claimed = await store.claim_pipeline_run("a-ingest", "every(seconds=60)", "w1", 30)
+    claimed = await store.schedules.claim_run("a-ingest", "every(seconds=60)", "w1", 30)
     assert claimed is not None
     running = await client.post("/schedules/a-ingest/trigger")
     assert running.status_code == 409 and "running" in running.json()["detail"]
@@ -247,10 +247,10 @@ async def test_pause_during_a_run_survives_its_end(client: httpx.AsyncClient, st
 
     await _register(store, "p")
     await client.post("/schedules/p/trigger")
-    claimed = await store.claim_pipeline_run("p", "every(seconds=60)", "w1", 30)
+    claimed = await store.schedules.claim_run("p", "every(seconds=60)", "w1", 30)
     assert claimed is not None
     await client.post("/schedules/p/pause")
-    await store.finish_pipeline_run(RunFinish(
+    await store.schedules.finish_run(RunFinish(
         pipeline_id="p", worker_id="w1", run_id=claimed.run_id, status="succeeded", error_type=None,
         error_message=None, consecutive_errors=0, next_run_at=datetime.now(UTC), state="active",
     ))
@@ -340,7 +340,7 @@ async def test_token_guards_everything_but_the_probes(store: Store, settings: Se
         assert wrong.status_code == 401
         right = await client.post("/jobs", json={"kind": "k"}, headers={"Authorization": f"Bearer {TOKEN}"})
         assert right.status_code == 201
-    assert len(await store.list_jobs({}, 10)) == 1
+    assert len(await store.jobs.search({}, 10)) == 1
 
 
 async def test_without_a_token_cross_site_and_rebound_requests_are_refused(store: Store, settings: Settings) -> None:
@@ -367,8 +367,8 @@ async def test_without_a_token_cross_site_and_rebound_requests_are_refused(store
         response = await client.post("/jobs", json={"kind": "k"}, headers={
             "Origin": "https://evil.example", "Host": "api.example", "Authorization": f"Bearer {TOKEN}"})
         assert response.status_code == 201, response.text
-    assert len(await store.list_jobs({}, 10)) == 3
-    paused = await store.get_schedule("p1")
+    assert len(await store.jobs.search({}, 10)) == 3
+    paused = await store.schedules.get("p1")
     assert paused is not None and paused.state == "active"
 
 
@@ -455,7 +455,7 @@ async def test_job_ids_in_paths_are_plain_digits(client: httpx.AsyncClient) -> N
 
 
 async def test_metrics_name_the_busiest_queues_and_sum_the_rest(client: httpx.AsyncClient, store: Store) -> None:
-    await store.enqueue([JobSpec("k", queue=f"q{n:03d}") for n in range(80)])
+    await store.jobs.enqueue([JobSpec("k", queue=f"q{n:03d}") for n in range(80)])
     text = (await client.get("/metrics")).text
     queues = {line.split('queue="')[1].split('"')[0] for line in text.splitlines() if line.startswith("agora_jobs{")}
     assert len(queues) == 51 and "other" in queues, sorted(queues)

@@ -17,7 +17,7 @@ async def test_claims_by_priority_then_run_at(queue: Queue, store: Store) -> Non
     low = await queue.enqueue("k", priority=0, run_at=past)
     high_late = await queue.enqueue("k", priority=5)
     high_early = await queue.enqueue("k", priority=5, run_at=past)
-    claimed = await store.claim_jobs(["default"], 10, "w", 30)
+    claimed = await store.jobs.claim(["default"], 10, "w", 30)
     assert [job.id for job in claimed] == [high_early.id, high_late.id, low.id]
     assert all(job.status is JobStatus.PROCESSING and job.locked_by == "w" for job in claimed)
     assert all(job.attempt == 1 and job.lease_expires_at is not None for job in claimed)
@@ -25,29 +25,29 @@ async def test_claims_by_priority_then_run_at(queue: Queue, store: Store) -> Non
 
 async def test_future_jobs_wait_for_run_at(queue: Queue, store: Store) -> None:
     await queue.enqueue("k", run_at=datetime.now(UTC) + timedelta(hours=1))
-    assert await store.claim_jobs(["default"], 10, "w", 30) == []
-    promotion = await store.promote_due_jobs(100)
+    assert await store.jobs.claim(["default"], 10, "w", 30) == []
+    promotion = await store.jobs.promote_due(100)
     assert promotion.promoted == 0 and promotion.next_in_seconds is not None
     assert 3590 < promotion.next_in_seconds <= 3600
     async with store.connection() as connection:
         await connection.execute("UPDATE agora.jobs SET run_at = now() - interval '1 second'")
-    assert await store.claim_jobs(["default"], 10, "w", 30) == []  # due, but not promoted yet
-    promotion = await store.promote_due_jobs(100)
+    assert await store.jobs.claim(["default"], 10, "w", 30) == []  # due, but not promoted yet
+    promotion = await store.jobs.promote_due(100)
     assert (promotion.promoted, promotion.next_in_seconds) == (1, None)
-    assert len(await store.claim_jobs(["default"], 10, "w", 30)) == 1
+    assert len(await store.jobs.claim(["default"], 10, "w", 30)) == 1
 
 
 async def test_claims_only_the_queues_asked_for(queue: Queue, store: Store) -> None:
     await queue.enqueue("k", queue="mail")
     await queue.enqueue("k", queue="reports")
-    assert [job.queue for job in await store.claim_jobs(["mail"], 10, "w", 30)] == ["mail"]
-    assert [job.queue for job in await store.claim_jobs(["mail", "reports"], 10, "w", 30)] == ["reports"]
+    assert [job.queue for job in await store.jobs.claim(["mail"], 10, "w", 30)] == ["mail"]
+    assert [job.queue for job in await store.jobs.claim(["mail", "reports"], 10, "w", 30)] == ["reports"]
 
 
 async def test_claim_respects_the_limit(queue: Queue, store: Store) -> None:
     await queue.enqueue_many([JobSpec("k") for _ in range(5)])
-    assert len(await store.claim_jobs(["default"], 3, "w", 30)) == 3
-    assert len(await store.claim_jobs(["default"], 3, "w", 30)) == 2
+    assert len(await store.jobs.claim(["default"], 3, "w", 30)) == 3
+    assert len(await store.jobs.claim(["default"], 3, "w", 30)) == 2
 
 
 async def test_concurrent_claims_never_share_a_job(queue: Queue, store: Store) -> None:
@@ -56,7 +56,7 @@ async def test_concurrent_claims_never_share_a_job(queue: Queue, store: Store) -
     try:
         async def drain(own: Store, worker: str) -> list[int]:
             ids: list[int] = []
-            while batch := await own.claim_jobs(["default"], 7, worker, 30):
+            while batch := await own.jobs.claim(["default"], 7, worker, 30):
                 ids += [job.id for job in batch]
             return ids
 
@@ -71,17 +71,17 @@ async def test_cancel_a_pending_job(queue: Queue, store: Store) -> None:
     job = await queue.enqueue("k")
     cancelled = await queue.cancel(job.id)
     assert cancelled.status is JobStatus.CANCELLED and cancelled.finished_at is not None
-    assert await store.claim_jobs(["default"], 10, "w", 30) == []
+    assert await store.jobs.claim(["default"], 10, "w", 30) == []
 
 
 async def test_cancel_marks_a_running_job_and_refuses_a_finished_one(queue: Queue, store: Store) -> None:
     job = await queue.enqueue("k")
-    [claimed] = await store.claim_jobs(["default"], 1, "w", 30)
+    [claimed] = await store.jobs.claim(["default"], 1, "w", 30)
     asked = await queue.cancel(job.id)
     assert asked.status.value == "processing" and asked.cancel_requested_at is not None
     again = await queue.cancel(job.id)  # asking twice keeps the first request's time
     assert again.cancel_requested_at == asked.cancel_requested_at
-    await store.complete_succeeded([(claimed.id, claimed.attempt)], "w")
+    await store.jobs.complete_succeeded([(claimed.id, claimed.attempt)], "w")
     with pytest.raises(InvalidTransition) as caught:
         await queue.cancel(job.id)
     assert (caught.value.from_status, caught.value.to_status) == ("done", "cancelled")
@@ -120,9 +120,9 @@ async def test_claim_from_several_queues_takes_the_highest_priority_first(queue:
     await queue.enqueue("k", queue="mail", priority=1)
     urgent = await queue.enqueue("k", queue="reports", priority=9)
     await queue.enqueue("k", queue="mail", priority=5)
-    first = await store.claim_jobs(["mail", "reports"], 1, "w", 30)
+    first = await store.jobs.claim(["mail", "reports"], 1, "w", 30)
     assert [job.id for job in first] == [urgent.id]
-    rest = await store.claim_jobs(["mail", "reports"], 10, "w", 30)
+    rest = await store.jobs.claim(["mail", "reports"], 10, "w", 30)
     assert [job.priority for job in rest] == [5, 1]
 
 

@@ -47,11 +47,11 @@ async def test_overview_job_and_schedule_fragments_show_the_database(
 ) -> None:
     waiting = await queue.enqueue("mail", {"to": "<b>x</b>"}, queue="mail", run_at=datetime.now(UTC) - timedelta(minutes=3))
     failing = await queue.enqueue("report", max_retries=0)
-    await store.register_worker("w-dash", "host", 7, ["default"])
-    [claimed] = await store.claim_jobs(["default"], 1, "w-dash", 30)
+    await store.workers.register("w-dash", "host", 7, ["default"])
+    [claimed] = await store.jobs.claim(["default"], 1, "w-dash", 30)
     assert claimed.id == failing.id
     await record_failure(store, failing.id, claimed.attempt, "w-dash", "ValueError: broke")
-    await store.upsert_schedule(ScheduleRegistration(
+    await store.schedules.upsert(ScheduleRegistration(
         pipeline_id="nightly", kind="cron", spec="cron 30 2 * * * UTC",
         first_run_at=datetime.now(UTC) - timedelta(hours=1), error_backoff_seconds=60, max_consecutive_errors=3,
     ))

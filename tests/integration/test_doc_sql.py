@@ -32,9 +32,9 @@ async def test_documented_history_queries_run_on_real_history(queue: Queue, stor
     queries = documented_queries()
     assert len(queries) == 7
     jobs = await queue.enqueue_many([JobSpec("mail"), JobSpec("mail"), JobSpec("report")])
-    await store.register_worker("w1", "host", 1, ["default"])
-    claimed = await store.claim_jobs(["default"], 3, "w1", 30)
-    await store.complete_succeeded([(claimed[0].id, claimed[0].attempt)], "w1")
+    await store.workers.register("w1", "host", 1, ["default"])
+    claimed = await store.jobs.claim(["default"], 3, "w1", 30)
+    await store.jobs.complete_succeeded([(claimed[0].id, claimed[0].attempt)], "w1")
     await record_failure(store, claimed[1].id, claimed[1].attempt, "w1", "ValueError: x")
     async with store.connection() as connection:
         await connection.execute(
@@ -65,8 +65,8 @@ async def test_queue_now_and_metrics_count_the_same_jobs(queue: Queue, store: St
     a job failed with a retry left is 'retrying' in both."""
     await queue.enqueue_many([JobSpec("k", max_retries=0), JobSpec("k", max_retries=3), JobSpec("k"),
                               JobSpec("later", run_at=datetime.now(UTC) + timedelta(hours=1))])
-    await store.register_worker("w1", "host", 1, ["default"])
-    claimed = await store.claim_jobs(["default"], 2, "w1", 30)
+    await store.workers.register("w1", "host", 1, ["default"])
+    claimed = await store.jobs.claim(["default"], 2, "w1", 30)
     for job in claimed:
         await record_failure(store, job.id, job.attempt, "w1", "ValueError: x", delay=0)
     query = next(sql for sql in documented_queries() if "agora.queue_now" in sql)

@@ -74,11 +74,11 @@ async def test_plain_sql_insert_gets_every_default(store: Store) -> None:
             "INSERT INTO agora.jobs (name, kind, payload) VALUES ($1, $2, $3::jsonb) RETURNING id",
             "from psql", "echo", '{"a": 1}',
         )
-    job = await store.get_job(job_id)
+    job = await store.jobs.get(job_id)
     assert (job.status, job.queue, job.priority, job.retry_count, job.max_retries) == (
         JobStatus.PENDING, "default", 0, 0, None,
     )
-    claimed = await store.claim_jobs(["default"], 10, "w", 30)
+    claimed = await store.jobs.claim(["default"], 10, "w", 30)
     assert [j.id for j in claimed] == [job_id]
 
 
@@ -93,10 +93,10 @@ async def test_dedup_key_returns_the_live_job(queue: Queue, store: Store) -> Non
     second = await queue.enqueue("k", {"v": 2}, dedup_key="same")
     assert second == first
     # a processing job still blocks the key
-    [claimed] = await store.claim_jobs(["default"], 1, "w", 30)
+    [claimed] = await store.jobs.claim(["default"], 1, "w", 30)
     assert (await queue.enqueue("k", dedup_key="same")).id == first.id
     # once finished, the key is free again
-    await store.complete_succeeded([(claimed.id, claimed.attempt)], "w")
+    await store.jobs.complete_succeeded([(claimed.id, claimed.attempt)], "w")
     third = await queue.enqueue("k", {"v": 3}, dedup_key="same")
     assert third.id != first.id and third.payload == {"v": 3}
 
@@ -157,7 +157,7 @@ async def test_enqueue_in_callers_sqlalchemy_connection_and_session(queue: Queue
     async with store.connection() as own:
         payloads = [row["payload"] for row in await own.fetch("SELECT payload::text AS payload FROM agora.jobs")]
     assert payloads == ['{"via": "session"}']
-    assert (await store.get_job(kept.id)).payload == {"via": "session"}
+    assert (await store.jobs.get(kept.id)).payload == {"via": "session"}
 
 
 async def test_enqueue_rejects_unknown_connection_types(queue: Queue) -> None:

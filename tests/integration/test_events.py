@@ -73,22 +73,22 @@ async def test_progress_from_async_and_sync_handlers_is_stored_and_kept_with_the
     sync_job = await queue.enqueue("copying")
     async with running(Worker({"counting": counting, "copying": copying}, settings=settings)):
         async def reported() -> bool:
-            first, second = await store.get_job(async_job.id), await store.get_job(sync_job.id)
+            first, second = await store.jobs.get(async_job.id), await store.jobs.get(sync_job.id)
             return (first.progress or {}).get("done") == 3 and (second.progress or {}).get("done") == 42
         await wait_until(reported)
-        running_job = await store.get_job(async_job.id)
+        running_job = await store.jobs.get(async_job.id)
         assert running_job.status is JobStatus.PROCESSING
         assert running_job.progress is not None
         assert (running_job.progress["total"], running_job.progress["message"]) == (3, "step 3")
-        assert (await store.get_job(sync_job.id)).progress["total"] is None  # type: ignore[index]
+        assert (await store.jobs.get(sync_job.id)).progress["total"] is None  # type: ignore[index]
         release.set()
         await wait_until(lambda: _all_done(store, [async_job.id, sync_job.id]))
-    [run] = await store.job_runs(async_job.id)
+    [run] = await store.runs.of_job(async_job.id)
     assert run.progress is not None and run.progress["done"] == 3
 
 
 async def _all_done(store: Store, ids: list[int]) -> bool:
-    statuses = [(await store.get_job(job_id)).status for job_id in ids]
+    statuses = [(await store.jobs.get(job_id)).status for job_id in ids]
     return all(status is JobStatus.DONE for status in statuses)
 
 
@@ -99,11 +99,11 @@ async def test_bad_progress_fails_the_handler_call_not_the_worker(queue: Queue, 
     job = await queue.enqueue("bad", max_retries=0)
     async with running(Worker({"bad": bad}, settings=settings)):
         await wait_until(lambda: _failed(store, job.id))
-    assert "progress done must be a finite number" in ((await store.get_job(job.id)).error_message or "")
+    assert "progress done must be a finite number" in ((await store.jobs.get(job.id)).error_message or "")
 
 
 async def _failed(store: Store, job_id: int) -> bool:
-    return (await store.get_job(job_id)).status is JobStatus.FAILED
+    return (await store.jobs.get(job_id)).status is JobStatus.FAILED
 
 
 def test_job_context_outside_a_handler_is_a_clear_error() -> None:

@@ -35,7 +35,7 @@ async def job_runs(store: Store, job_id: int) -> list[tuple[Any, ...]]:
 
 
 async def finished(store: Store, job_id: int) -> bool:
-    return (await store.get_job(job_id)).is_finished
+    return (await store.jobs.get(job_id)).is_finished
 
 
 async def test_a_claim_whose_reply_was_lost_is_run_by_the_worker_that_holds_it(
@@ -46,7 +46,7 @@ async def test_a_claim_whose_reply_was_lost_is_run_by_the_worker_that_holds_it(
     async def record(job: Job, resources: Any) -> None:
         ran.append(job.attempt)
 
-    claim = store.claim_jobs
+    claim = store.jobs.claim
     lost = []
 
     async def claim_then_lose_the_reply(*args: Any, **kwargs: Any) -> list[Job]:
@@ -56,12 +56,12 @@ async def test_a_claim_whose_reply_was_lost_is_run_by_the_worker_that_holds_it(
             raise DatabaseUnavailable("connection lost before the reply (simulated)")
         return jobs
 
-    monkeypatch.setattr(store, "claim_jobs", claim_then_lose_the_reply)
+    monkeypatch.setattr(store.jobs, "claim", claim_then_lose_the_reply)
     job = await queue.enqueue("record")
     async with serving(Worker({"record": record}), store, settings.replace(lease_seconds=30)):
         await wait_until(lambda: finished(store, job.id), timeout=10)  # far less than the 30 s lease
     assert lost and ran == [1]
-    done = await store.get_job(job.id)
+    done = await store.jobs.get(job.id)
     assert (done.status, done.lost_count, done.attempt) == (JobStatus.DONE, 0, 1)
     assert [run[:2] for run in await job_runs(store, job.id)] == [(1, "succeeded")]
 
@@ -77,7 +77,7 @@ async def test_a_handler_raising_cancelled_error_itself_is_a_recorded_failure(
     job = await queue.enqueue("self_cancel", max_retries=1)
     async with running(Worker({"self_cancel": awaits_a_cancelled_task}, settings=settings)):
         await wait_until(lambda: finished(store, job.id))
-    failed = await store.get_job(job.id)
+    failed = await store.jobs.get(job.id)
     assert (failed.status, failed.retry_count, failed.locked_by) == (JobStatus.FAILED, 1, None)
     assert failed.error_message is not None and failed.error_message.startswith("CancelledError: the handler raised")
     [(attempt, status, error_type, traceback)] = await job_runs(store, job.id)
@@ -108,14 +108,14 @@ async def test_poison_error_text_is_stored_and_the_worker_keeps_running(
         for job in poisoned + good:
             await wait_until(lambda job=job: _recorded(store, job.id))
         assert not task.done()  # the worker is still up
-    messages = {job.payload["poison"]: (await store.get_job(job.id)).error_message for job in poisoned}
+    messages = {job.payload["poison"]: (await store.jobs.get(job.id)).error_message for job in poisoned}
     assert messages["nul"] == "ValueError: bad \\x00 byte"
     assert messages["surrogate"] == "ValueError: bad \\udc80 text"
     assert messages["infinite_retry"] == "Retry: never \\x00 again"
     assert messages["huge"] is not None and len(messages["huge"]) == 4000
-    retried = await store.get_job(poisoned[2].id)
+    retried = await store.jobs.get(poisoned[2].id)
     assert retried.status is JobStatus.FAILED and retried.run_at > datetime.now(UTC) + timedelta(days=300)
-    assert [(await store.get_job(job.id)).status for job in good] == [JobStatus.DONE] * len(good)
+    assert [(await store.jobs.get(job.id)).status for job in good] == [JobStatus.DONE] * len(good)
 
 
 async def _recorded(store: Store, job_id: int) -> bool:
@@ -126,7 +126,7 @@ async def test_an_outcome_statement_failing_on_its_data_fails_only_that_outcome(
     queue: Queue, store: Store, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Even if a batch of outcomes is refused for its data, the others are written one by one."""
-    finish_jobs = store.finish_jobs
+    finish_jobs = store.jobs.finish
     refused: list[int] = []
 
     async def refuse_batches_holding_poison(finishes: Any, *args: Any) -> set[int]:
@@ -137,7 +137,7 @@ async def test_an_outcome_statement_failing_on_its_data_fails_only_that_outcome(
             raise asyncpg.CharacterNotInRepertoireError("invalid byte sequence (simulated)")
         return await finish_jobs(finishes, *args)
 
-    monkeypatch.setattr(store, "finish_jobs", refuse_batches_holding_poison)
+    monkeypatch.setattr(store.jobs, "finish", refuse_batches_holding_poison)
 
     async def fails(job: Job, resources: Any) -> None:
         raise ValueError(job.payload["text"])
@@ -146,7 +146,7 @@ async def test_an_outcome_statement_failing_on_its_data_fails_only_that_outcome(
     async with serving(Worker({"fails": fails}), store, settings):
         for job in jobs:
             await wait_until(lambda job=job: _recorded(store, job.id))
-    stored = {job.payload["text"]: await store.get_job(job.id) for job in jobs}
+    stored = {job.payload["text"]: await store.jobs.get(job.id) for job in jobs}
     assert refused
     assert stored["plain"].error_message == "ValueError: plain"
     assert stored["other"].error_message == "ValueError: other"
@@ -183,13 +183,13 @@ async def test_timeouts_per_job_per_kind_and_by_default(queue: Queue, store: Sto
             await wait_until(lambda job=job: finished(store, job.id))
     assert time.monotonic() - started < 10
     for job in (by_job, by_kind, by_default):
-        final = await store.get_job(job.id)
+        final = await store.jobs.get(job.id)
         assert final.status is JobStatus.FAILED
         assert final.error_message is not None and final.error_message.startswith("JobTimeout: the attempt ran longer")
     assert [run[:3] for run in await job_runs(store, by_job.id)] == [
         (1, "failed", "JobTimeout"), (2, "failed", "JobTimeout"),
     ]  # retried by the usual policy
-    assert "0.3s" in ((await store.get_job(by_job.id)).error_message or "")
+    assert "0.3s" in ((await store.jobs.get(by_job.id)).error_message or "")
     assert by_job.id in cleaned_up  # the handler saw CancelledError
 
 
@@ -207,18 +207,18 @@ async def test_a_timed_out_sync_handler_keeps_its_job_until_its_thread_returns(
     async with running(Worker({"blocking": blocking}, settings=settings)):
         await wait_until(lambda: _is(store, job.id, JobStatus.PROCESSING))
         await asyncio.sleep(1.0)  # well past the timeout: the thread still runs
-        held = await store.get_job(job.id)
+        held = await store.jobs.get(job.id)
         assert held.status is JobStatus.PROCESSING and held.locked_by is not None  # not released: no second run
         release.set()
         await wait_until(lambda: finished(store, job.id))
-    final = await store.get_job(job.id)
+    final = await store.jobs.get(job.id)
     assert (final.status, final.retry_count) == (JobStatus.FAILED, 1)
     assert final.error_message is not None and final.error_message.startswith("JobTimeout")
     assert threads_running == [job.id]
 
 
 async def _is(store: Store, job_id: int, status: JobStatus) -> bool:
-    return (await store.get_job(job_id)).status is status
+    return (await store.jobs.get(job_id)).status is status
 
 
 # -- cancelling a running job --------------------------------------------------------
@@ -248,11 +248,11 @@ async def test_cancelling_a_running_async_job_stops_it_and_it_is_not_retried(
         took = time.monotonic() - asked
     assert saw_cancel.is_set()
     assert took < (1.5 if notifications else 2.0)
-    cancelled = await store.get_job(job.id)
+    cancelled = await store.jobs.get(job.id)
     assert (cancelled.retry_count, cancelled.locked_by, cancelled.cancel_requested_at) == (0, None, None)
     assert [run[:3] for run in await job_runs(store, job.id)] == [(1, "cancelled", "JobCancelled")]
     await asyncio.sleep(0.5)
-    assert (await store.get_job(job.id)).status is JobStatus.CANCELLED  # not claimed again
+    assert (await store.jobs.get(job.id)).status is JobStatus.CANCELLED  # not claimed again
 
 
 async def test_cancelling_a_running_sync_job_waits_for_its_thread(
@@ -275,7 +275,7 @@ async def test_cancelling_a_running_sync_job_waits_for_its_thread(
             # the claim came before its LISTEN (a job enqueued before the worker started).
             await wait_until(worker_waits_for_the_thread, timeout=30)
             await asyncio.sleep(0.2)
-            assert (await store.get_job(job.id)).status is JobStatus.PROCESSING  # the thread still runs
+            assert (await store.jobs.get(job.id)).status is JobStatus.PROCESSING  # the thread still runs
             release.set()
             await wait_until(lambda: _is(store, job.id, JobStatus.CANCELLED))
     assert [run[:2] for run in await job_runs(store, job.id)] == [(1, "cancelled")]
@@ -301,7 +301,7 @@ async def test_fail_and_non_retryable_types_end_the_job_at_once(
             for job in failing:
                 await wait_until(lambda job=job: finished(store, job.id))
     for job, message in zip(failing, ("Fail: card declined", "KeyError: 'no such customer'"), strict=True):
-        final = await store.get_job(job.id)
+        final = await store.jobs.get(job.id)
         assert (final.status, final.retry_count, final.max_retries, final.error_message) == (
             JobStatus.FAILED, 1, 1, message,
         )
@@ -319,15 +319,15 @@ async def test_lost_attempts_count_apart_from_failures_up_to_their_own_limit(que
     job = await queue.enqueue("k", max_retries=5)
     rescuer = JobRescuer(store, max_lost_attempts=2, default_max_retries=3)
     for lost in (1, 2):
-        [claimed] = await store.claim_jobs(["default"], 1, f"dies-{lost}", 30)
+        [claimed] = await store.jobs.claim(["default"], 1, f"dies-{lost}", 30)
         async with store.connection() as connection:
             await connection.execute("UPDATE agora.jobs SET lease_expires_at = now() - interval '1 second'")
         assert await rescuer.run_once() == [job.id]
-        after = await store.get_job(job.id)
+        after = await store.jobs.get(job.id)
         assert (after.lost_count, after.retry_count) == (lost, 0)
     assert after.status is JobStatus.FAILED and after.is_finished
     assert after.error_message is not None and after.error_message.endswith("(2 lost attempts: not retried)")
-    assert await store.claim_jobs(["default"], 1, "w", 30) == []
+    assert await store.jobs.claim(["default"], 1, "w", 30) == []
     assert [run[1] for run in await job_runs(store, job.id)] == ["abandoned", "abandoned"]
 
 
@@ -360,19 +360,19 @@ async def test_a_job_back_at_the_same_worker_is_tracked_per_attempt(
                     "WHERE id = $1 AND status = 'processing' AND attempt = 1", job.id,
                 )
             await JobRescuer(store, 3, 3).run_once()
-            return (await store.get_job(job.id)).lost_count == 1
+            return (await store.jobs.get(job.id)).lost_count == 1
 
         await wait_until(rescued)
         await wait_until(lambda: _attempt_is(store, job.id, 2))  # claimed again by the same worker
         await asyncio.sleep(1.0)
-    final = await store.get_job(job.id)
+    final = await store.jobs.get(job.id)
     # the second attempt was still tracked, so the stop released it
     assert (final.status, final.locked_by, final.attempt) == (JobStatus.PENDING, None, 2)
     assert [run[:2] for run in await job_runs(store, job.id)] == [(1, "abandoned"), (2, "cancelled")]
 
 
 async def _attempt_is(store: Store, job_id: int, attempt: int) -> bool:
-    job = await store.get_job(job_id)
+    job = await store.jobs.get(job_id)
     return job.attempt == attempt and job.status is JobStatus.PROCESSING
 
 
@@ -400,7 +400,7 @@ async def test_a_worker_runs_one_job_with_lost_attempts_at_a_time(queue: Queue, 
             await wait_until(lambda job=job: finished(store, job.id))
     assert most == 1
     for job in suspects:
-        done = await store.get_job(job.id)
+        done = await store.jobs.get(job.id)
         assert (done.status, done.lost_count) == (JobStatus.DONE, 1)  # given back uncounted while another ran
 
 

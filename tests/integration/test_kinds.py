@@ -109,7 +109,7 @@ async def test_a_kinds_retry_backoff_replaces_the_workers(queue: Queue, store: S
 
 
 async def _retry_count_is(store: Store, job_id: int, count: int) -> bool:
-    return (await store.get_job(job_id)).retry_count == count
+    return (await store.jobs.get(job_id)).retry_count == count
 
 
 async def test_the_api_checks_a_typed_kind_and_documents_it(settings: Settings) -> None:

@@ -267,7 +267,7 @@ async def test_a_stopping_worker_ends_a_resumable_run_after_its_batch(store: Sto
     assert (await fetch(store, "SELECT count(*) AS n FROM public.events"))[0]["n"] == 3000
     [run] = await fetch(store, "SELECT status FROM agora.runs WHERE pipeline_id = 'events'")
     assert run["status"] == "cancelled"
-    row = await store.get_schedule("events")
+    row = await store.schedules.get("events")
     assert row is not None and row.state == "active" and row.lease_owner is None
 
     async def finish() -> object:

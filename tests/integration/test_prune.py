@@ -34,7 +34,7 @@ async def _history(store: Store) -> dict[str, int]:
     }
     ids: dict[str, int] = {}
     for name, (status, retries, max_retries, days) in shapes.items():
-        [(job, _created)] = await store.enqueue([JobSpec("k", {"name": name}, max_retries=max_retries)])
+        [(job, _created)] = await store.jobs.enqueue([JobSpec("k", {"name": name}, max_retries=max_retries)])
         ids[name] = job.id
         async with store.connection() as connection:
             await connection.execute(

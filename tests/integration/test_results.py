@@ -72,7 +72,7 @@ async def test_a_returned_value_is_the_result_wait_returns_and_get_job_shows(
         assert await queue.wait(summed.id, timeout=10) == {"sum": 3}
         assert await queue.wait(split.id, timeout=10) == ["to", "be", "or", "not"]
         assert await queue.wait(empty.id, timeout=10) is None
-    [run] = await store.job_runs(summed.id)
+    [run] = await store.runs.of_job(summed.id)
     assert (run.status, run.result) == ("succeeded", {"sum": 3})
     assert await queue.wait(summed.id, timeout=1) == {"sum": 3}  # a finished job answers at once
     async with AsyncTestClient(app=create_app(settings), base_url="http://api.localhost:8000") as client:

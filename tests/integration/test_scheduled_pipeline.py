@@ -74,7 +74,7 @@ async def test_every_runs_at_once_then_waits_the_interval_after_finishing(store:
     await serve_until(pipeline, store, settings, ran)
     [run] = await runs(store, "hourly")
     assert run["status"] == "succeeded" and run["worker_id"] == "w1"
-    row = await store.get_schedule("hourly")
+    row = await store.schedules.get("hourly")
     assert row is not None
     assert (row.state, row.consecutive_errors, row.lease_owner) == ("active", 0, None)
     assert row.last_finished_at is not None and row.next_run_at is not None
@@ -88,7 +88,7 @@ async def test_every_runs_at_once_then_waits_the_interval_after_finishing(store:
     again.stop()
     await asyncio.wait_for(task, 10)
     assert restarted.calls == 0
-    assert (await store.get_schedule("hourly")).next_run_at == row.next_run_at  # type: ignore[union-attr]
+    assert (await store.schedules.get("hourly")).next_run_at == row.next_run_at  # type: ignore[union-attr]
 
 
 async def test_failures_back_off_and_the_counter_survives_a_restart(store: Store, settings: Settings) -> None:
@@ -96,16 +96,16 @@ async def test_failures_back_off_and_the_counter_survives_a_restart(store: Store
     first = ScheduledPipeline(factory, Schedule.every(seconds=1), "flaky", error_backoff_seconds=0.05, max_consecutive_errors=5)
 
     async def two_failures() -> bool:
-        row = await store.get_schedule("flaky")
+        row = await store.schedules.get("flaky")
         return row is not None and row.consecutive_errors >= 2
 
     await serve_until(first, store, settings, two_failures)
-    failed_so_far = (await store.get_schedule("flaky")).consecutive_errors  # type: ignore[union-attr]
+    failed_so_far = (await store.schedules.get("flaky")).consecutive_errors  # type: ignore[union-attr]
 
     second = ScheduledPipeline(factory, Schedule.every(seconds=1), "flaky", error_backoff_seconds=0.05, max_consecutive_errors=5)
     with pytest.raises(RuntimeError, match="boom"):
         await asyncio.wait_for(second.serve(store, "w2", settings), 20)
-    row = await store.get_schedule("flaky")
+    row = await store.schedules.get("flaky")
     assert row is not None
     assert (row.state, row.consecutive_errors) == ("stopped", 5)
     assert row.last_error is not None and row.last_error.startswith("RuntimeError: boom")
@@ -120,11 +120,11 @@ async def test_backoff_delay_is_recorded_in_next_run_at(store: Store, settings: 
     pipeline = ScheduledPipeline(factory, Schedule.every(seconds=1), "slow_retry", error_backoff_seconds=60)
 
     async def failed_once() -> bool:
-        row = await store.get_schedule("slow_retry")
+        row = await store.schedules.get("slow_retry")
         return row is not None and row.consecutive_errors == 1
 
     await serve_until(pipeline, store, settings, failed_once)
-    row = await store.get_schedule("slow_retry")
+    row = await store.schedules.get("slow_retry")
     assert row is not None and row.next_run_at is not None and row.last_finished_at is not None
     assert 59 <= (row.next_run_at - row.last_finished_at).total_seconds() <= 61
 
@@ -134,11 +134,11 @@ async def test_success_resets_the_error_counter(store: Store, settings: Settings
     pipeline = ScheduledPipeline(factory, Schedule.every(hours=1), "recovers", error_backoff_seconds=0.01)
 
     async def succeeded() -> bool:
-        row = await store.get_schedule("recovers")
+        row = await store.schedules.get("recovers")
         return row is not None and row.last_status == "succeeded"
 
     await serve_until(pipeline, store, settings, succeeded)
-    assert (await store.get_schedule("recovers")).consecutive_errors == 0  # type: ignore[union-attr]
+    assert (await store.schedules.get("recovers")).consecutive_errors == 0  # type: ignore[union-attr]
     assert [run["status"] for run in await runs(store, "recovers")] == ["failed", "failed", "succeeded"]
 
 
@@ -148,7 +148,7 @@ async def test_once_runs_once_per_launch(store: Store, settings: Settings) -> No
     await asyncio.wait_for(ScheduledPipeline(factory, Schedule.once(), "daily_export").serve(store, "w1", settings), 10)
     await asyncio.wait_for(ScheduledPipeline(factory, Schedule.once(), "daily_export").serve(store, "w2", settings), 10)
     assert factory.calls == 2
-    assert (await store.get_schedule("daily_export")).state == "completed"  # type: ignore[union-attr]
+    assert (await store.schedules.get("daily_export")).state == "completed"  # type: ignore[union-attr]
     assert [run["status"] for run in await runs(store, "daily_export")] == ["succeeded", "succeeded"]
 
 
@@ -158,7 +158,7 @@ async def test_once_with_a_key_runs_once_ever_for_that_key(store: Store, setting
         scheduled = ScheduledPipeline(factory, Schedule.once(key="2024"), "backfill")
         await asyncio.wait_for(scheduled.serve(store, worker, settings), 10)
     assert factory.calls == 1
-    row = await store.get_schedule("backfill")
+    row = await store.schedules.get("backfill")
     assert row is not None and (row.state, row.schedule_spec) == ("completed", "once key=2024")
     await asyncio.wait_for(ScheduledPipeline(factory, Schedule.once(key="2025"), "backfill").serve(store, "w1", settings), 10)
     assert factory.calls == 2  # a new key is a new once
@@ -216,7 +216,7 @@ async def test_a_stopped_schedule_says_so_at_start_instead_of_waiting(
         ScheduledPipeline(failing, Schedule.every(hours=1), "flaky", max_consecutive_errors=2))
     with pytest.raises(ScheduleStopped):
         await asyncio.wait_for(pool.run(handle_signals=False), 15)
-    await store.resume_schedule("flaky")
+    await store.schedules.resume("flaky")
     failing.failures = 0
     await serve_until(ScheduledPipeline(failing, Schedule.every(hours=1), "flaky"), store, settings,
                       lambda: _count(failing, 3))
@@ -237,13 +237,13 @@ async def test_changed_schedule_replaces_the_old_one(store: Store, settings: Set
     await serve_until(ScheduledPipeline(factory, Schedule.every(seconds=5), "report"), store, settings, lambda: _called(factory))
     new = Schedule.cron("0 3 1 1 *", timezone="Europe/Berlin")
     await serve_once_registered(ScheduledPipeline(factory, new, "report"), store, settings)
-    row = await store.get_schedule("report")
+    row = await store.schedules.get("report")
     assert row is not None and row.schedule_spec == "cron 0 3 1 1 * Europe/Berlin"
     assert row.next_run_at is not None and row.next_run_at.astimezone(UTC).month == 1
     async with store.connection() as connection:  # even when due, the old schedule's workers do not run it
         await connection.execute("UPDATE agora.schedules SET next_run_at = now() - interval '1 minute'")
-    assert await store.claim_pipeline_run("report", Schedule.every(seconds=5).spec, "old", 30) is None
-    assert await store.claim_pipeline_run("report", new.spec, "new", 30) is not None
+    assert await store.schedules.claim_run("report", Schedule.every(seconds=5).spec, "old", 30) is None
+    assert await store.schedules.claim_run("report", new.spec, "new", 30) is not None
 
 
 async def _called(factory: Recorder) -> bool:
@@ -258,7 +258,7 @@ async def serve_once_registered(pipeline: ScheduledPipeline, store: Store, setti
 
 
 async def _spec_is(store: Store, pipeline: ScheduledPipeline) -> bool:
-    row = await store.get_schedule(pipeline.pipeline_id)
+    row = await store.schedules.get(pipeline.pipeline_id)
     return row is not None and row.schedule_spec == pipeline.schedule.spec
 
 
@@ -272,7 +272,7 @@ async def test_missed_cron_ticks_run_once_not_once_per_tick(store: Store, settin
     await serve_until(ScheduledPipeline(factory, schedule, "minutely"), store, settings, lambda: _called(factory))
     await asyncio.sleep(0.5)
     assert factory.calls == 1
-    row = await store.get_schedule("minutely")
+    row = await store.schedules.get("minutely")
     [run] = await runs(store, "minutely")
     assert row is not None and row.next_run_at is not None
     # the first tick after the run (by the database's clock), not one of the missed ones
@@ -297,7 +297,7 @@ async def test_a_host_clock_behind_the_database_does_not_move_the_first_cron_tic
     factory = Recorder()
     registered_after = await store.database_now()
     await serve_once_registered(ScheduledPipeline(factory, Schedule.cron("* * * * *"), "minutely"), store, settings)
-    row = await store.get_schedule("minutely")
+    row = await store.schedules.get("minutely")
     # the next minute after the database's now; by the host's clock, a tick already past: run at once
     assert (factory.calls, await runs(store, "minutely")) == (0, [])
     assert row is not None and row.next_run_at is not None
@@ -331,7 +331,7 @@ async def test_a_host_clock_behind_the_database_never_schedules_a_cron_tick_twic
     assert factory.calls == 1
     [run] = await runs(store, "hourly")
     assert (run["status"], run["scheduled_for"]) == ("succeeded", tick)
-    row = await store.get_schedule("hourly")
+    row = await store.schedules.get("hourly")
     assert row is not None and row.next_run_at == tick + timedelta(hours=1)
 
 
@@ -343,7 +343,7 @@ async def test_a_run_failing_with_text_postgresql_cannot_hold_is_recorded(store:
     pipeline = ScheduledPipeline(lambda: Poisoned(), Schedule.every(hours=1), "poisoned", max_consecutive_errors=5)
 
     async def recorded() -> bool:
-        row = await store.get_schedule("poisoned")
+        row = await store.schedules.get("poisoned")
         return row is not None and row.consecutive_errors == 1
 
     await serve_until(pipeline, store, settings, recorded)
@@ -359,26 +359,26 @@ async def test_lost_lease_is_taken_over_as_a_failed_run_and_the_late_finish_is_f
     spec = Schedule.every(seconds=1).spec
     from agora_pg.db.schedule_rows import RunFinish, ScheduleRegistration
 
-    await store.upsert_schedule(ScheduleRegistration("p", "every", spec, None, 60, 10))
-    first = await store.claim_pipeline_run("p", spec, "ghost", 30)
+    await store.schedules.upsert(ScheduleRegistration("p", "every", spec, None, 60, 10))
+    first = await store.schedules.claim_run("p", spec, "ghost", 30)
     assert first is not None
-    assert await store.claim_pipeline_run("p", spec, "other", 30) is None  # leased: no overlap
+    assert await store.schedules.claim_run("p", spec, "other", 30) is None  # leased: no overlap
     async with store.connection() as connection:
         await connection.execute("UPDATE agora.schedules SET lease_expires_at = now() - interval '1 second'")
-    assert await store.claim_pipeline_run("p", spec, "other", 30) is None  # an expired lease is rescued first
-    rescued = await store.rescue_pipeline_run("p")
+    assert await store.schedules.claim_run("p", spec, "other", 30) is None  # an expired lease is rescued first
+    rescued = await store.schedules.rescue_run("p")
     assert rescued is not None and rescued.lease_owner is None
     assert (rescued.consecutive_errors, rescued.last_status, rescued.state) == (1, "abandoned", "active")
     assert rescued.last_error is not None and rescued.last_error.startswith("WorkerLost: worker ghost")
     assert rescued.next_run_at is not None and rescued.next_run_at > datetime.now(UTC) + timedelta(seconds=50)
-    assert await store.rescue_pipeline_run("p") is None  # nothing left to take over
+    assert await store.schedules.rescue_run("p") is None  # nothing left to take over
     async with store.connection() as connection:
         await connection.execute("UPDATE agora.schedules SET next_run_at = now()")
-    second = await store.claim_pipeline_run("p", spec, "other", 30)
+    second = await store.schedules.claim_run("p", spec, "other", 30)
     assert second is not None and second.run_id != first.run_id
     assert second.scheduled_for > first.scheduled_for
     late = RunFinish("p", "ghost", first.run_id, "succeeded", None, None, 0, datetime.now(UTC), "active")
-    assert await store.finish_pipeline_run(late) is False
+    assert await store.schedules.finish_run(late) is False
     statuses = {run["worker_id"]: run["status"] for run in await runs(store, "p")}
     assert statuses == {"ghost": "abandoned", "other": "running"}
 
@@ -387,16 +387,16 @@ async def test_a_claim_whose_reply_was_lost_is_settled_by_the_next_claim(store: 
     from agora_pg.db.schedule_rows import ScheduleRegistration
 
     spec = Schedule.every(seconds=60).spec
-    await store.upsert_schedule(ScheduleRegistration("p", "every", spec, None, 60, 10))
-    lost = await store.claim_pipeline_run("p", spec, "w", 30)  # committed; say its reply never came
+    await store.schedules.upsert(ScheduleRegistration("p", "every", spec, None, 60, 10))
+    lost = await store.schedules.claim_run("p", spec, "w", 30)  # committed; say its reply never came
     assert lost is not None
-    again = await store.claim_pipeline_run("p", spec, "w", 30)
+    again = await store.schedules.claim_run("p", spec, "w", 30)
     assert again is not None and again.run_id != lost.run_id
     assert again.scheduled_for > lost.scheduled_for  # the abandoned row keeps its tick
     recorded = await runs(store, "p")
     assert [run["status"] for run in recorded] == ["abandoned", "running"]
     assert recorded[0]["error_message"].startswith("ClaimLost: the claim's reply was lost")
-    assert await store.claim_pipeline_run("p", spec, "other", 30) is None  # still leased: no overlap
+    assert await store.schedules.claim_run("p", spec, "other", 30) is None  # still leased: no overlap
 
 
 def _cte_scans(node: dict[str, Any]) -> list[dict[str, Any]]:
@@ -413,10 +413,10 @@ async def test_a_claim_beside_another_process_s_running_runs_reads_its_due_rows_
     spec = Schedule.cron("* * * * *").spec
     mine, theirs = [f"mine-{i:03d}" for i in range(300)], [f"theirs-{i:03d}" for i in range(300)]
     for pipeline_id in mine + theirs:
-        await store.upsert_schedule(ScheduleRegistration(pipeline_id, "cron", spec, None, 60, 10))
+        await store.schedules.upsert(ScheduleRegistration(pipeline_id, "cron", spec, None, 60, 10))
     async with store.connection() as connection:
         await connection.execute("UPDATE agora.schedules SET next_run_at = now() - interval '1 second'")
-    assert len(await store.claim_pipeline_runs([(p, spec) for p in theirs], "them", 30)) == 300
+    assert len(await store.schedules.claim_runs([(p, spec) for p in theirs], "them", 30)) == 300
     async with store.connection() as connection:
         transaction = connection.transaction()
         await transaction.start()
@@ -452,7 +452,7 @@ async def test_a_cancelled_run_is_recorded_and_released(store: Store, settings: 
         await task
     [run] = await runs(store, "long")
     assert run["status"] == "cancelled"
-    row = await store.get_schedule("long")
+    row = await store.schedules.get("long")
     assert row is not None and row.lease_owner is None
     assert row.next_run_at is not None and row.next_run_at <= datetime.now(UTC)  # another worker may take it at once
 
@@ -544,12 +544,12 @@ async def test_trigger_and_resume_wake_a_sleeping_pipeline_at_once(store: Store,
     try:
         await wait_until(lambda: _count(recorder, 1), timeout=10)  # every() runs at start, then sleeps an hour
         await asyncio.sleep(0.5)  # asleep now, for up to MAX_IDLE_WAIT (30 s) without a notification
-        await store.trigger_schedule("hourly")
+        await store.schedules.trigger("hourly")
         await wait_until(lambda: _count(recorder, 2), timeout=5)
         await wait_until(lambda: _idle(store, "hourly"), timeout=5)
-        await store.pause_schedule("hourly")
-        await store.resume_schedule("hourly")
-        await store.trigger_schedule("hourly")
+        await store.schedules.pause("hourly")
+        await store.schedules.resume("hourly")
+        await store.schedules.trigger("hourly")
         await wait_until(lambda: _count(recorder, 3), timeout=5)
     finally:
         pool.stop()
@@ -562,7 +562,7 @@ async def _count(recorder: Recorder, calls: int) -> bool:
 
 
 async def _idle(store: Store, pipeline_id: str) -> bool:
-    row = await store.get_schedule(pipeline_id)
+    row = await store.schedules.get(pipeline_id)
     return row is not None and row.lease_owner is None
 
 
@@ -576,16 +576,16 @@ async def test_runs_due_together_are_claimed_together(store: Store) -> None:
     spec = Schedule.every(seconds=60).spec
     ids = [f"p{i:03}" for i in range(300)]
     for pipeline_id in ids:
-        await store.upsert_schedule(ScheduleRegistration(pipeline_id, "every", spec, None, 60, 10))
-    await store.upsert_schedule(ScheduleRegistration("later", "every", spec, datetime.now(UTC) + timedelta(hours=1), 60, 10))
+        await store.schedules.upsert(ScheduleRegistration(pipeline_id, "every", spec, None, 60, 10))
+    await store.schedules.upsert(ScheduleRegistration("later", "every", spec, datetime.now(UTC) + timedelta(hours=1), 60, 10))
     statements: list[int] = []
-    claim_many = store.claim_pipeline_runs
+    claim_many = store.schedules.claim_runs
 
     async def counted(pipelines: Any, worker_id: str, lease_seconds: float) -> Any:
         statements.append(len(pipelines))
         return await claim_many(pipelines, worker_id, lease_seconds)
 
-    store.claim_pipeline_runs = counted  # type: ignore[method-assign]
+    store.schedules.claim_runs = counted  # type: ignore[method-assign]
     claims = RunBatches(store, "w", 30)
     claimed = await asyncio.gather(
         *(claims.claim(pipeline_id, spec) for pipeline_id in ids),
@@ -617,8 +617,8 @@ async def test_runs_ending_together_are_recorded_together_while_their_leases_are
     spec = Schedule.every(seconds=60).spec
     ids = [f"p{i:03}" for i in range(200)]
     for pipeline_id in ids:
-        await store.upsert_schedule(ScheduleRegistration(pipeline_id, "every", spec, None, 60, 10))
-    await store.register_worker("w", "host", 1, ["default"])
+        await store.schedules.upsert(ScheduleRegistration(pipeline_id, "every", spec, None, 60, 10))
+    await store.workers.register("w", "host", 1, ["default"])
     batches = RunBatches(store, "w", 30)
     claimed = await asyncio.gather(*(batches.claim(pipeline_id, spec) for pipeline_id in ids))
     runs_by_id = {run.schedule.pipeline_id: run for run in claimed if run is not None}
@@ -626,20 +626,20 @@ async def test_runs_ending_together_are_recorded_together_while_their_leases_are
     async with store.connection() as connection:
         await connection.execute("UPDATE agora.schedules SET lease_owner = 'thief' WHERE pipeline_id = 'p007'")
     statements: list[int] = []
-    finish_many = store.finish_pipeline_runs
+    finish_many = store.schedules.finish_runs
 
     async def counted(finishes: Any) -> Any:
         statements.append(len(finishes))
         return await finish_many(finishes)
 
-    store.finish_pipeline_runs = counted  # type: ignore[method-assign]
+    store.schedules.finish_runs = counted  # type: ignore[method-assign]
     held = [(pipeline_id, run.run_id) for pipeline_id, run in runs_by_id.items()]
     finishing = True
 
     async def heartbeat() -> int:
         rounds = 0
         while finishing:
-            await store.renew_leases("w", 30, [], held[::-1] if rounds % 2 else held)
+            await store.workers.renew_leases("w", 30, [], held[::-1] if rounds % 2 else held)
             rounds += 1
         return rounds
 
@@ -670,8 +670,8 @@ async def test_a_renewal_skips_a_run_being_finished_and_does_not_call_it_lost(st
     from agora_pg.runner.run_batches import RunBatches
 
     spec = Schedule.every(seconds=60).spec
-    await store.upsert_schedule(ScheduleRegistration("p", "every", spec, None, 60, 10))
-    await store.register_worker("w", "host", 1, ["default"])
+    await store.schedules.upsert(ScheduleRegistration("p", "every", spec, None, 60, 10))
+    await store.workers.register("w", "host", 1, ["default"])
     run = await RunBatches(store, "w", 30).claim("p", spec)
     assert run is not None
     token = [("p", run.run_id)]
@@ -681,14 +681,14 @@ async def test_a_renewal_skips_a_run_being_finished_and_does_not_call_it_lost(st
             await holder.execute("SELECT 1 FROM agora.schedules WHERE pipeline_id = 'p' FOR UPDATE")
             # locked as by the run's finish in flight: the renewal neither waits for it (it
             # would then find the run gone and stop it as lost) nor calls it lost
-            renewal = await asyncio.wait_for(store.renew_leases("w", 60, [], token), timeout=5)
+            renewal = await asyncio.wait_for(store.workers.renew_leases("w", 60, [], token), timeout=5)
             assert renewal.lost_runs == set()
     finally:
         await holder.close()
-    assert (await store.renew_leases("w", 60, [], token)).lost_runs == set()
+    assert (await store.workers.renew_leases("w", 60, [], token)).lost_runs == set()
     async with store.connection() as connection:
         await connection.execute("UPDATE agora.schedules SET lease_owner = 'thief' WHERE pipeline_id = 'p'")
-    assert (await store.renew_leases("w", 60, [], token)).lost_runs == {"p"}
+    assert (await store.workers.renew_leases("w", 60, [], token)).lost_runs == {"p"}
 
 
 async def test_a_renewal_just_after_a_run_finished_does_not_call_it_lost(store: Store) -> None:
@@ -698,13 +698,13 @@ async def test_a_renewal_just_after_a_run_finished_does_not_call_it_lost(store: 
     from agora_pg.runner.run_batches import RunBatches
 
     spec = Schedule.every(seconds=60).spec
-    await store.upsert_schedule(ScheduleRegistration("p", "every", spec, None, 60, 10))
-    await store.register_worker("w", "host", 1, ["default"])
+    await store.schedules.upsert(ScheduleRegistration("p", "every", spec, None, 60, 10))
+    await store.workers.register("w", "host", 1, ["default"])
     batches = RunBatches(store, "w", 30)
     run = await batches.claim("p", spec)
     assert run is not None
     assert await batches.finish(RunFinish("p", "w", run.run_id, "succeeded", None, None, 0, None, "active", 60.0))
-    assert (await store.renew_leases("w", 60, [], [("p", run.run_id)])).lost_runs == set()
+    assert (await store.workers.renew_leases("w", 60, [], [("p", run.run_id)])).lost_runs == set()
     # a run taken from it by a rescue (its row says WorkerLost): lost
     async with store.connection() as connection:
         await connection.execute("UPDATE agora.schedules SET next_run_at = now() - interval '1 second'")
@@ -714,4 +714,4 @@ async def test_a_renewal_just_after_a_run_finished_does_not_call_it_lost(store: 
         await connection.execute(
             "UPDATE agora.runs SET status = 'abandoned', error_type = 'WorkerLost' WHERE id = $1", taken.run_id)
         await connection.execute("UPDATE agora.schedules SET lease_owner = 'other', lease_run_id = NULL")
-    assert (await store.renew_leases("w", 60, [], [("p", taken.run_id)])).lost_runs == {"p"}
+    assert (await store.workers.renew_leases("w", 60, [], [("p", taken.run_id)])).lost_runs == {"p"}

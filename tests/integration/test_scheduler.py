@@ -76,7 +76,7 @@ async def test_a_pass_that_fails_midway_writes_nothing_and_the_next_one_enqueues
         raise RuntimeError("the process died while planning")
 
     with pytest.raises(RuntimeError):
-        await store.enqueue_due_ticks(scheduler.wanted, plan_that_breaks, "w1")
+        await store.schedules.enqueue_due_ticks(scheduler.wanted, plan_that_breaks, "w1")
     assert await jobs_of(store, "report") == [] and await tick_runs(store, "periodic:report") == []
     [(tick, _job)] = (await scheduler.run_once()).enqueued  # still due: nothing of the failed pass stayed
     next_run_at = scheduler.rows["periodic:report"].next_run_at
@@ -91,11 +91,11 @@ async def test_paused_and_completed_schedules_enqueue_nothing_and_a_trigger_enqu
     first = await scheduler.run_once()
     assert sorted(tick.pipeline_id for tick, _ in first.enqueued) == ["periodic:once", "periodic:report"]
     assert scheduler.rows["periodic:once"].state == "completed"
-    await store.pause_schedule("periodic:report")
+    await store.schedules.pause("periodic:report")
     await make_due(store, "periodic:report")
     assert (await scheduler.run_once()).enqueued == []
-    await store.resume_schedule("periodic:report")
-    await store.trigger_schedule("periodic:report")
+    await store.schedules.resume("periodic:report")
+    await store.schedules.trigger("periodic:report")
     [(tick, _job)] = (await scheduler.run_once()).enqueued
     assert tick.pipeline_id == "periodic:report"
     await scheduler.register()  # a new launch: once(key=...) never runs again

@@ -24,21 +24,21 @@ async def _execute(store: Store, sql: str, *args: object) -> None:
 
 
 async def test_peers_are_the_live_workers_that_run_pipelines(store: Store) -> None:
-    await store.register_worker("jobs-only", "host", 1, ["default"])
-    await store.register_worker("new", "host", 2, (), runs_pipelines=True)  # no lease yet: counted from its start
-    await store.register_worker("both", "host", 3, ["mail"])
-    await store.register_worker("both", "host", 3, (), runs_pipelines=True)  # its pipelines, after its job worker
-    await store.register_worker("pipelines-then-jobs", "host", 4, (), runs_pipelines=True)
-    await store.register_worker("pipelines-then-jobs", "host", 4, ["default"])
-    await store.register_worker("stopped", "host", 5, (), runs_pipelines=True)
-    await store.stop_worker("stopped")
-    await store.register_worker("lapsed", "host", 6, (), runs_pipelines=True)
-    await store.register_worker("old", "host", 7, (), runs_pipelines=True)
+    await store.workers.register("jobs-only", "host", 1, ["default"])
+    await store.workers.register("new", "host", 2, (), runs_pipelines=True)  # no lease yet: counted from its start
+    await store.workers.register("both", "host", 3, ["mail"])
+    await store.workers.register("both", "host", 3, (), runs_pipelines=True)  # its pipelines, after its job worker
+    await store.workers.register("pipelines-then-jobs", "host", 4, (), runs_pipelines=True)
+    await store.workers.register("pipelines-then-jobs", "host", 4, ["default"])
+    await store.workers.register("stopped", "host", 5, (), runs_pipelines=True)
+    await store.workers.stop("stopped")
+    await store.workers.register("lapsed", "host", 6, (), runs_pipelines=True)
+    await store.workers.register("old", "host", 7, (), runs_pipelines=True)
     await _execute(store, "UPDATE agora.workers SET lease_expires_at = now() - interval '1 second' WHERE id = 'lapsed'")
     await _execute(store, "UPDATE agora.workers SET started_at = now() - interval '1 hour' WHERE id = 'old'")
     for worker_id in ("jobs-only", "both"):
-        await store.renew_leases(worker_id, 30, [], [])
-    peers, database_now, _ = await store.live_pipeline_workers(30)
+        await store.workers.renew_leases(worker_id, 30, [], [])
+    peers, database_now, _ = await store.workers.live_pipeline_workers(30)
     assert peers == ["both", "new", "pipelines-then-jobs"]
     assert abs((database_now - datetime.now(UTC)).total_seconds()) < 5
     async with store.connection() as connection:
@@ -56,7 +56,7 @@ async def test_a_tick_another_peer_claims_first_runs_after_the_fallback_delay(st
     spec = Schedule.every(seconds=60).spec
     ids = [f"p{i:03}" for i in range(60)]
     for pipeline_id in ids:
-        await store.upsert_schedule(ScheduleRegistration(pipeline_id, "every", spec, None, 60, 10))
+        await store.schedules.upsert(ScheduleRegistration(pipeline_id, "every", spec, None, 60, 10))
     batches = RunBatches(store, "me", 30)
     batches.shares.update(["ghost"])
     mine = {pipeline_id for pipeline_id in ids if batches.shares.claims_first(pipeline_id)}
@@ -83,8 +83,8 @@ async def test_a_pool_registers_as_a_peer_shares_with_a_live_one_and_gives_up_it
     # A pool alongside a live peer that never claims: the peer's share of 30 every-second
     # pipelines still runs (each tick once, after the fallback delay), the pool's own share
     # on time; the pool's process is a peer while it runs and, stopped cleanly, no longer.
-    await store.register_worker("ghost", "host", 1, (), runs_pipelines=True)
-    await store.renew_leases("ghost", 3600, [], [])
+    await store.workers.register("ghost", "host", 1, (), runs_pipelines=True)
+    await store.workers.renew_leases("ghost", 3600, [], [])
     ids = [f"s{n:02}" for n in range(30)]
     pool = WorkerPool(settings=settings)
     for pipeline_id in ids:
@@ -92,7 +92,7 @@ async def test_a_pool_registers_as_a_peer_shares_with_a_live_one_and_gives_up_it
     serving = asyncio.create_task(pool.run(handle_signals=False))
     try:
         await wait_until(lambda: _each_ran(store, len(ids), times=3), timeout=30)
-        peers, _, _ = await store.live_pipeline_workers(30)
+        peers, _, _ = await store.workers.live_pipeline_workers(30)
     finally:
         pool.stop()
         await asyncio.wait_for(serving, 30)
@@ -110,7 +110,7 @@ async def test_a_pool_registers_as_a_peer_shares_with_a_live_one_and_gives_up_it
     assert duplicates == 0
     ghosts = [row["lag"] for row in runs if row["pipeline_id"] not in mine]
     assert ghosts and min(ghosts) >= FALLBACK_DELAY - 0.01  # the ghost's share: asked for after the fallback delay
-    assert (await store.live_pipeline_workers(30))[0] == ["ghost"]  # the stopped pool is no peer any more
+    assert (await store.workers.live_pipeline_workers(30))[0] == ["ghost"]  # the stopped pool is no peer any more
 
 
 class Nothing:

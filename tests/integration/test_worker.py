@@ -22,7 +22,7 @@ from .helpers import running, wait_until
 
 
 async def job_status(store: Store, job_id: int) -> JobStatus:
-    return (await store.get_job(job_id)).status
+    return (await store.jobs.get(job_id)).status
 
 
 async def runs_of(store: Store, job_id: int) -> list[tuple[int, str, str | None]]:
@@ -46,7 +46,7 @@ async def test_worker_runs_a_job_to_done_with_resources(queue: Queue, store: Sto
     job = await queue.enqueue("record", {"x": 1})
     async with running(Worker({"record": record}, lifespan=lifespan, settings=settings)):
         await wait_until(lambda: _is(store, job.id, JobStatus.DONE))
-    done = await store.get_job(job.id)
+    done = await store.jobs.get(job.id)
     assert seen == [(job.id, "opened once")]
     assert (done.retry_count, done.error_message, done.locked_by, done.lease_expires_at) == (0, None, None, None)
     assert done.finished_at is not None and done.started_at is not None
@@ -67,14 +67,14 @@ async def test_retries_to_exhaustion_step_by_step(queue: Queue, store: Store, se
     completer = Completer(store, "w", policy, None, random.Random(0))
     job = await queue.enqueue("k", max_retries=3)
     for failure in (1, 2, 3):
-        [claimed] = await store.claim_jobs(["default"], 1, "w", 30)
+        [claimed] = await store.jobs.claim(["default"], 1, "w", 30)
         assert claimed.id == job.id and claimed.attempt == failure
         attempt = attempt_of(claimed)
         attempt.outcome = outcome_of(ValueError(f"bad input #{failure}"))
         completer.add(attempt)
         before = datetime.now(UTC)
         await completer.flush_once()
-        after = await store.get_job(job.id)
+        after = await store.jobs.get(job.id)
         assert after.status is JobStatus.FAILED
         assert after.retry_count == failure
         assert after.error_message == f"ValueError: bad input #{failure}"
@@ -82,15 +82,15 @@ async def test_retries_to_exhaustion_step_by_step(queue: Queue, store: Store, se
         if failure < 3:
             expected_delay = 10 * 2 ** (failure - 1) / 2  # the backoff's jitter halves it at most
             assert after.run_at >= before + timedelta(seconds=expected_delay - 1)
-            assert await store.claim_jobs(["default"], 1, "w", 30) == []  # not before its backoff
+            assert await store.jobs.claim(["default"], 1, "w", 30) == []  # not before its backoff
             async with store.connection() as connection:
                 await connection.execute("UPDATE agora.jobs SET run_at = now() WHERE id = $1", job.id)
-            assert (await store.promote_due_jobs(10)).promoted == 1  # (a worker's promoter does this)
+            assert (await store.jobs.promote_due(10)).promoted == 1  # (a worker's promoter does this)
     async with store.connection() as connection:
         await connection.execute("UPDATE agora.jobs SET run_at = now() WHERE id = $1", job.id)
         assert await connection.fetchval("SELECT delayed FROM agora.jobs WHERE id = $1", job.id) is False
-    assert (await store.promote_due_jobs(10)).promoted == 0
-    assert await store.claim_jobs(["default"], 1, "w", 30) == []  # at max_retries: never again
+    assert (await store.jobs.promote_due(10)).promoted == 0
+    assert await store.jobs.claim(["default"], 1, "w", 30) == []  # at max_retries: never again
     assert await runs_of(store, job.id) == [
         (1, "failed", "ValueError: bad input #1"),
         (2, "failed", "ValueError: bad input #2"),
@@ -105,7 +105,7 @@ async def test_worker_retries_a_failing_job_until_max_retries(queue: Queue, stor
     job = await queue.enqueue("flaky", max_retries=2)
     async with running(Worker({"flaky": flaky}, settings=settings)):
         await wait_until(lambda: _retry_count_is(store, job.id, 2))
-    final = await store.get_job(job.id)
+    final = await store.jobs.get(job.id)
     assert (final.status, final.retry_count, final.error_message) == (
         JobStatus.FAILED, 2, "ValueError: attempt 2 failed",
     )
@@ -113,7 +113,7 @@ async def test_worker_retries_a_failing_job_until_max_retries(queue: Queue, stor
 
 
 async def _retry_count_is(store: Store, job_id: int, count: int) -> bool:
-    job = await store.get_job(job_id)
+    job = await store.jobs.get(job_id)
     return job.retry_count == count and job.status is JobStatus.FAILED
 
 
@@ -128,7 +128,7 @@ async def test_null_max_retries_takes_the_worker_setting(store: Store, settings:
 
     async with running(Worker({"boom": boom}, settings=settings.replace(max_retries=1))):
         await wait_until(lambda: _retry_count_is(store, job_id, 1))
-    final = await store.get_job(job_id)
+    final = await store.jobs.get(job_id)
     assert (final.max_retries, final.status) == (1, JobStatus.FAILED)
 
 
@@ -139,7 +139,7 @@ async def test_handler_chosen_retry_delay(queue: Queue, store: Store, settings: 
     job = await queue.enqueue("later")
     async with running(Worker({"later": later}, settings=settings)):
         await wait_until(lambda: _retry_count_is(store, job.id, 1))
-    final = await store.get_job(job.id)
+    final = await store.jobs.get(job.id)
     assert final.error_message == "Retry: rate limited"
     assert final.run_at > datetime.now(UTC) + timedelta(minutes=59)
 
@@ -148,7 +148,7 @@ async def test_unknown_kind_fails_with_a_clear_message(queue: Queue, store: Stor
     job = await queue.enqueue("nobody_handles_this", max_retries=1)
     async with running(Worker({"other": lambda job, resources: None}, settings=settings)):
         await wait_until(lambda: _retry_count_is(store, job.id, 1))
-    assert (await store.get_job(job.id)).error_message == (
+    assert (await store.jobs.get(job.id)).error_message == (
         "UnknownJobKind: no handler registered for kind 'nobody_handles_this' (this worker handles: other)"
     )
 
@@ -201,7 +201,7 @@ async def test_a_job_retried_by_hand_wakes_an_idle_worker(queue: Queue, store: S
         job = await queue.enqueue("fails_once", max_retries=0)
         await wait_until(lambda: _is(store, job.id, JobStatus.FAILED), timeout=10)
         await asyncio.sleep(0.2)  # the worker is idle, waiting on its 60 s poll
-        await store.retry_job(job.id)
+        await store.jobs.retry(job.id)
         await wait_until(lambda: _is(store, job.id, JobStatus.DONE), timeout=10)  # far below the poll
     assert attempts == [1, 2]
 
@@ -267,7 +267,7 @@ async def test_jobs_past_the_grace_period_are_released_uncounted(
     worker = Worker({"stuck": stuck}, settings=settings.replace(shutdown_timeout=0.3))
     async with running(worker, stop_timeout=10):
         await wait_until(lambda: _is(store, job.id, JobStatus.PROCESSING))
-    released = await store.get_job(job.id)
+    released = await store.jobs.get(job.id)
     assert (released.status, released.retry_count, released.locked_by) == (JobStatus.PENDING, 0, None)
     assert [run[:2] for run in await runs_of(store, job.id)] == [(1, "cancelled")]
     assert released.lost_count == 1  # cut short at shutdown: counted apart from failures
@@ -277,30 +277,30 @@ async def test_jobs_past_the_grace_period_are_released_uncounted(
 
 async def test_lost_worker_job_is_rescued_and_its_late_outcome_is_fenced(queue: Queue, store: Store) -> None:
     job = await queue.enqueue("k")
-    [ghost_claim] = await store.claim_jobs(["default"], 1, "ghost", 30)
+    [ghost_claim] = await store.jobs.claim(["default"], 1, "ghost", 30)
     rescuer = JobRescuer(store, max_lost_attempts=3, default_max_retries=3)
     assert await rescuer.run_once() == []  # lease still valid
     async with store.connection() as connection:
         await connection.execute("UPDATE agora.jobs SET lease_expires_at = now() - interval '1 second'")
     assert await rescuer.run_once() == [job.id]
-    rescued = await store.get_job(job.id)
+    rescued = await store.jobs.get(job.id)
     assert (rescued.status, rescued.retry_count, rescued.lost_count) == (JobStatus.PENDING, 0, 1)
     assert rescued.error_message is not None and rescued.error_message.startswith("WorkerLost: worker ghost")
     assert await runs_of(store, job.id) == [(1, "abandoned", rescued.error_message)]
     # the ghost's outcome cannot land on the rescued job either
-    assert await store.complete_succeeded([(ghost_claim.id, ghost_claim.attempt)], "ghost") == set()
-    assert (await store.get_job(job.id)).status is JobStatus.PENDING
+    assert await store.jobs.complete_succeeded([(ghost_claim.id, ghost_claim.attempt)], "ghost") == set()
+    assert (await store.jobs.get(job.id)).status is JobStatus.PENDING
 
-    [second_claim] = await store.claim_jobs(["default"], 1, "alive", 30)
+    [second_claim] = await store.jobs.claim(["default"], 1, "alive", 30)
     assert second_claim.attempt == 2
     # the ghost wakes up: its renewal and its completion must change nothing
-    renewal = await store.renew_leases("ghost", 9999, [(ghost_claim.id, ghost_claim.attempt)], [])
+    renewal = await store.workers.renew_leases("ghost", 9999, [(ghost_claim.id, ghost_claim.attempt)], [])
     assert renewal.lost_jobs == {(job.id, ghost_claim.attempt)}
-    assert await store.complete_succeeded([(ghost_claim.id, ghost_claim.attempt)], "ghost") == set()
-    current = await store.get_job(job.id)
+    assert await store.jobs.complete_succeeded([(ghost_claim.id, ghost_claim.attempt)], "ghost") == set()
+    current = await store.jobs.get(job.id)
     assert (current.status, current.locked_by, current.attempt) == (JobStatus.PROCESSING, "alive", 2)
     assert current.lease_expires_at == second_claim.lease_expires_at
-    assert await store.complete_succeeded([(second_claim.id, second_claim.attempt)], "alive") == {job.id}
+    assert await store.jobs.complete_succeeded([(second_claim.id, second_claim.attempt)], "alive") == {job.id}
     assert await job_status(store, job.id) is JobStatus.DONE
 
 
@@ -309,7 +309,7 @@ async def test_running_worker_rescues_jobs_of_a_dead_worker(queue: Queue, store:
         return None
 
     job = await queue.enqueue("noop")
-    await store.claim_jobs(["default"], 1, "dead-worker", 1)  # a one-second lease nobody renews
+    await store.jobs.claim(["default"], 1, "dead-worker", 1)  # a one-second lease nobody renews
     async with running(Worker({"noop": noop}, settings=settings.replace(lease_seconds=2))):
         await wait_until(lambda: _is(store, job.id, JobStatus.DONE), timeout=15)
     assert [run[1] for run in await runs_of(store, job.id)] == ["abandoned", "succeeded"]
@@ -323,10 +323,10 @@ async def test_worker_refuses_an_unmigrated_database(fresh_db: str) -> None:
 async def test_renewal_skips_rows_being_finished_instead_of_waiting(queue: Queue, store: Store) -> None:
     import asyncpg
 
-    await store.register_worker("w", "host", 1, ["default"])
+    await store.workers.register("w", "host", 1, ["default"])
     await queue.enqueue("k")
     # claimed before the worker's first renewal: the job has a lease of its own
-    [claimed] = await store.claim_jobs(["default"], 1, "w", 30)
+    [claimed] = await store.jobs.claim(["default"], 1, "w", 30)
     assert claimed.lease_expires_at is not None
     token = [(claimed.id, claimed.attempt)]
     holder = await asyncpg.connect(store.database.asyncpg_url)
@@ -335,18 +335,18 @@ async def test_renewal_skips_rows_being_finished_instead_of_waiting(queue: Queue
             await holder.execute("SELECT 1 FROM agora.jobs WHERE id = $1 FOR UPDATE", claimed.id)
             # the row is locked (as by an outcome being written): the renewal must not block on
             # it, nor call it lost
-            renewal = await asyncio.wait_for(store.renew_leases("w", 60, token, []), timeout=5)
+            renewal = await asyncio.wait_for(store.workers.renew_leases("w", 60, token, []), timeout=5)
             assert renewal.lost_jobs == set() and renewal.worker_renewed
     finally:
         await holder.close()
-    await store.renew_leases("w", 60, token, [])  # once free, its lease is folded into the worker's
+    await store.workers.renew_leases("w", 60, token, [])  # once free, its lease is folded into the worker's
     async with store.connection() as connection:
         own, worker_lease = await connection.fetchrow(
             "SELECT j.lease_expires_at, w.lease_expires_at FROM agora.jobs AS j, agora.workers AS w "
             "WHERE j.id = $1 AND w.id = 'w'", claimed.id,
         )
     assert own is None and worker_lease > claimed.lease_expires_at
-    assert (await store.get_job(claimed.id)).lease_expires_at == worker_lease  # read: the worker's lease
+    assert (await store.jobs.get(claimed.id)).lease_expires_at == worker_lease  # read: the worker's lease
 
 
 async def test_a_slot_stays_taken_until_its_outcome_is_written(

@@ -27,30 +27,30 @@ async def _worker_lease(store: Store, worker_id: str) -> Any:
 
 async def _live_worker(store: Store, worker_id: str) -> None:
     """A registered worker whose lease supervisor has renewed once: its worker lease is live."""
-    await store.register_worker(worker_id, "host", 1, ["default"])
-    assert (await store.renew_leases(worker_id, 30, [], [])).worker_renewed
+    await store.workers.register(worker_id, "host", 1, ["default"])
+    assert (await store.workers.renew_leases(worker_id, 30, [], [])).worker_renewed
 
 
 async def test_jobs_claimed_under_a_live_worker_lease_have_none_of_their_own(queue: Queue, store: Store) -> None:
     await _live_worker(store, "w")
     for _ in range(3):
         await queue.enqueue("k")
-    claimed = await store.claim_jobs(["default"], 3, "w", 30)
+    claimed = await store.jobs.claim(["default"], 3, "w", 30)
     assert [job.lease_expires_at for job in claimed] == [None] * 3
     worker_lease = await _worker_lease(store, "w")
     # read back, a running job shows the lease that covers it: its worker's
-    assert {(await store.get_job(job.id)).lease_expires_at for job in claimed} == {worker_lease}
-    assert {job.lease_expires_at for job in await store.list_jobs({}, 10)} == {worker_lease}
+    assert {(await store.jobs.get(job.id)).lease_expires_at for job in claimed} == {worker_lease}
+    assert {job.lease_expires_at for job in await store.jobs.search({}, 10)} == {worker_lease}
 
 
 async def test_a_renewal_writes_the_workers_row_and_no_job_row(queue: Queue, store: Store) -> None:
     await _live_worker(store, "w")
     for _ in range(5):
         await queue.enqueue("k")
-    claimed = await store.claim_jobs(["default"], 5, "w", 30)
+    claimed = await store.jobs.claim(["default"], 5, "w", 30)
     ids = [job.id for job in claimed]
     before, lease_before = await _versions(store, ids), await _worker_lease(store, "w")
-    renewal = await store.renew_leases("w", 30, [(job.id, job.attempt) for job in claimed], [])
+    renewal = await store.workers.renew_leases("w", 30, [(job.id, job.attempt) for job in claimed], [])
     assert (renewal.lost_jobs, renewal.cancel_jobs, renewal.unknown_jobs) == (set(), set(), set())
     assert await _versions(store, ids) == before  # not one job row written
     assert await _worker_lease(store, "w") > lease_before
@@ -59,12 +59,12 @@ async def test_a_renewal_writes_the_workers_row_and_no_job_row(queue: Queue, sto
 async def test_a_renewal_still_finds_lost_and_cancelled_attempts(queue: Queue, store: Store) -> None:
     await _live_worker(store, "w")
     first, second = await queue.enqueue("k"), await queue.enqueue("k")
-    claimed = await store.claim_jobs(["default"], 2, "w", 30)
+    claimed = await store.jobs.claim(["default"], 2, "w", 30)
     tokens = [(job.id, job.attempt) for job in claimed]
-    await store.cancel_job(second.id)
+    await store.jobs.cancel(second.id)
     async with store.connection() as connection:  # the first one is taken from this worker
         await connection.execute("UPDATE agora.jobs SET locked_by = 'other' WHERE id = $1", first.id)
-    renewal = await store.renew_leases("w", 30, tokens, [])
+    renewal = await store.workers.renew_leases("w", 30, tokens, [])
     assert renewal.lost_jobs == {(first.id, 1)}
     assert renewal.cancel_jobs == {(second.id, 1)}
 
@@ -72,13 +72,13 @@ async def test_a_renewal_still_finds_lost_and_cancelled_attempts(queue: Queue, s
 async def test_a_renewal_names_the_jobs_held_unknowingly(queue: Queue, store: Store) -> None:
     await _live_worker(store, "w")
     known, unknown, fresh = [await queue.enqueue("k") for _ in range(3)]
-    claimed = {job.id: job for job in await store.claim_jobs(["default"], 3, "w", 30)}
+    claimed = {job.id: job for job in await store.jobs.claim(["default"], 3, "w", 30)}
     async with store.connection() as connection:  # a claim over a second ago, but the worker lists only one
         await connection.execute(
             "UPDATE agora.jobs SET started_at = now() - interval '5 seconds' WHERE id = ANY($1::bigint[])",
             [known.id, unknown.id],
         )
-    renewal = await store.renew_leases("w", 30, [(known.id, claimed[known.id].attempt)], [])
+    renewal = await store.workers.renew_leases("w", 30, [(known.id, claimed[known.id].attempt)], [])
     # (a claim that just committed may not be held yet: it is not named)
     assert renewal.unknown_jobs == {unknown.id} and fresh.id not in renewal.unknown_jobs
 
@@ -88,8 +88,8 @@ async def test_the_jobs_of_a_worker_whose_lease_passed_are_rescued(queue: Queue,
     await _live_worker(store, "alive")
     await queue.enqueue("k")
     await queue.enqueue("k")
-    [claimed] = await store.claim_jobs(["default"], 1, "gone", 30)
-    [kept] = await store.claim_jobs(["default"], 1, "alive", 30)
+    [claimed] = await store.jobs.claim(["default"], 1, "gone", 30)
+    [kept] = await store.jobs.claim(["default"], 1, "alive", 30)
     rescuer = JobRescuer(store, max_lost_attempts=3, default_max_retries=3)
     assert await rescuer.run_once() == []  # both leases live
     async with store.connection() as connection:
@@ -98,14 +98,14 @@ async def test_the_jobs_of_a_worker_whose_lease_passed_are_rescued(queue: Queue,
             "RETURNING to_char(lease_expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')"
         )
     assert await rescuer.run_once() == [claimed.id]
-    rescued = await store.get_job(claimed.id)
+    rescued = await store.jobs.get(claimed.id)
     assert (rescued.status, rescued.lost_count, rescued.locked_by) == (JobStatus.PENDING, 1, None)
     assert rescued.error_message == f"WorkerLost: worker gone stopped renewing its lease, which expired at {passed}"
-    assert (await store.get_job(kept.id)).status is JobStatus.PROCESSING  # the live worker's job stays
+    assert (await store.jobs.get(kept.id)).status is JobStatus.PROCESSING  # the live worker's job stays
     # the gone worker comes back: its renewal finds the job lost, its late outcome is fenced
-    renewal = await store.renew_leases("gone", 30, [(claimed.id, claimed.attempt)], [])
+    renewal = await store.workers.renew_leases("gone", 30, [(claimed.id, claimed.attempt)], [])
     assert renewal.lost_jobs == {(claimed.id, claimed.attempt)}
-    assert await store.complete_succeeded([(claimed.id, claimed.attempt)], "gone") == set()
+    assert await store.jobs.complete_succeeded([(claimed.id, claimed.attempt)], "gone") == set()
 
 
 async def test_a_rescue_does_not_take_a_job_claimed_again_meanwhile(queue: Queue, store: Store) -> None:
@@ -113,7 +113,7 @@ async def test_a_rescue_does_not_take_a_job_claimed_again_meanwhile(queue: Queue
     await _live_worker(store, "gone")
     await _live_worker(store, "alive")
     await queue.enqueue("k")
-    [claimed] = await store.claim_jobs(["default"], 1, "gone", 30)
+    [claimed] = await store.jobs.claim(["default"], 1, "gone", 30)
     async with store.connection() as connection:
         await connection.execute("UPDATE agora.workers SET lease_expires_at = now() - interval '1 second' "
                                  "WHERE id = 'gone'")
@@ -121,26 +121,26 @@ async def test_a_rescue_does_not_take_a_job_claimed_again_meanwhile(queue: Queue
         await connection.execute("UPDATE agora.jobs SET locked_by = 'alive', attempt = attempt + 1 WHERE id = $1",
                                  claimed.id)
     assert await JobRescuer(store, max_lost_attempts=3, default_max_retries=3).run_once() == []
-    assert (await store.get_job(claimed.id)).locked_by == "alive"
+    assert (await store.jobs.get(claimed.id)).locked_by == "alive"
 
 
 async def test_a_claim_without_a_live_worker_lease_gives_the_job_its_own(queue: Queue, store: Store) -> None:
     """Before its first renewal, after its lease passed, or unregistered: the job gets a lease
     of its own, which the rescue takes by itself, and which a renewal folds into the worker's."""
-    await store.register_worker("w", "host", 1, ["default"])
+    await store.workers.register("w", "host", 1, ["default"])
     await queue.enqueue("k")
     await queue.enqueue("k")
-    [before_renewal] = await store.claim_jobs(["default"], 1, "w", 30)
+    [before_renewal] = await store.jobs.claim(["default"], 1, "w", 30)
     assert before_renewal.lease_expires_at is not None
     # the first renewal folds it into the worker's lease
-    assert (await store.renew_leases("w", 30, [(before_renewal.id, before_renewal.attempt)], [])).worker_renewed
+    assert (await store.workers.renew_leases("w", 30, [(before_renewal.id, before_renewal.attempt)], [])).worker_renewed
     async with store.connection() as connection:
         await connection.execute("UPDATE agora.workers SET lease_expires_at = now() - interval '1 second'")
-    [after_it_passed] = await store.claim_jobs(["default"], 1, "w", 30)
+    [after_it_passed] = await store.jobs.claim(["default"], 1, "w", 30)
     assert after_it_passed.lease_expires_at is not None
     # the worker's lease passed: the job under it is rescued, the one with its own lease is not yet
     assert await JobRescuer(store, 3, 3).run_once() == [before_renewal.id]
-    renewal = await store.renew_leases("w", 30, [(after_it_passed.id, after_it_passed.attempt)], [])
+    renewal = await store.workers.renew_leases("w", 30, [(after_it_passed.id, after_it_passed.attempt)], [])
     assert renewal.lost_jobs == set()
     async with store.connection() as connection:
         assert await connection.fetchval("SELECT lease_expires_at FROM agora.jobs WHERE id = $1",
@@ -151,13 +151,13 @@ async def test_a_worker_lease_is_let_go_only_once_it_covers_no_job(queue: Queue,
     await _live_worker(store, "gone")
     await _live_worker(store, "idle")
     await queue.enqueue("k")
-    await store.claim_jobs(["default"], 1, "gone", 30)
+    await store.jobs.claim(["default"], 1, "gone", 30)
     long_ago = f"now() - interval '{SETTLE_LEASE_SECONDS + 60} seconds'"
     async with store.connection() as connection:
         await connection.execute(f"UPDATE agora.workers SET lease_expires_at = {long_ago}, "
                                  f"last_heartbeat_at = now() - interval '30 days'")
-    await store.settle_worker_leases(SETTLE_LEASE_SECONDS)
-    await store.delete_stale_workers(7 * 24 * 3600)
+    await store.workers.settle_leases(SETTLE_LEASE_SECONDS)
+    await store.workers.delete_stale(7 * 24 * 3600)
     async with store.connection() as connection:
         rows = dict(await connection.fetch("SELECT id, lease_expires_at IS NOT NULL FROM agora.workers"))
     assert rows == {"gone": True}  # the idle one is forgotten; the one holding a job stays, lease and all
@@ -173,9 +173,9 @@ async def test_a_clean_stop_gives_up_the_worker_lease_unless_a_job_is_still_held
     await _live_worker(store, "idle")
     await _live_worker(store, "stuck")
     await queue.enqueue("k")
-    await store.claim_jobs(["default"], 1, "stuck", 30)
-    await store.stop_worker("idle")
-    await store.stop_worker("stuck")
+    await store.jobs.claim(["default"], 1, "stuck", 30)
+    await store.workers.stop("idle")
+    await store.workers.stop("stuck")
     assert await _worker_lease(store, "idle") is None
     assert await _worker_lease(store, "stuck") is not None  # it passes, and the job is rescued
 
@@ -210,7 +210,7 @@ async def _has_worker_lease(store: Store, worker_id: str) -> bool:
 
 
 async def _is_done(store: Store, job_id: int) -> bool:
-    return (await store.get_job(job_id)).status is JobStatus.DONE
+    return (await store.jobs.get(job_id)).status is JobStatus.DONE
 
 
 async def test_a_job_longer_than_many_leases_runs_once_under_the_worker_lease(
@@ -240,31 +240,31 @@ async def test_a_job_longer_than_many_leases_runs_once_under_the_worker_lease(
 async def test_a_worker_whose_row_was_deleted_renews_leases_of_the_jobs_own(queue: Queue, store: Store) -> None:
     await _live_worker(store, "w")
     await queue.enqueue("k")
-    [claimed] = await store.claim_jobs(["default"], 1, "w", 30)
+    [claimed] = await store.jobs.claim(["default"], 1, "w", 30)
     assert claimed.lease_expires_at is None
     async with store.connection() as connection:
         await connection.execute("DELETE FROM agora.workers WHERE id = 'w'")  # by hand
-    renewal = await store.renew_leases("w", 30, [(claimed.id, claimed.attempt)], [])
+    renewal = await store.workers.renew_leases("w", 30, [(claimed.id, claimed.attempt)], [])
     assert not renewal.worker_renewed and renewal.lost_jobs == set()
-    first = (await store.get_job(claimed.id)).lease_expires_at
+    first = (await store.jobs.get(claimed.id)).lease_expires_at
     assert first is not None  # a lease of its own now, which the next renewal extends
-    await store.renew_leases("w", 30, [(claimed.id, claimed.attempt)], [])
-    assert (await store.get_job(claimed.id)).lease_expires_at > first  # type: ignore[operator]
+    await store.workers.renew_leases("w", 30, [(claimed.id, claimed.attempt)], [])
+    assert (await store.jobs.get(claimed.id)).lease_expires_at > first  # type: ignore[operator]
 
 
 async def test_running_jobs_no_worker_lease_can_cover_get_a_lease_and_are_rescued(queue: Queue, store: Store) -> None:
     """A dead worker's row deleted by hand: its jobs, under its worker lease, are not stranded."""
     await _live_worker(store, "gone")
     await queue.enqueue("k")
-    [claimed] = await store.claim_jobs(["default"], 1, "gone", 30)
+    [claimed] = await store.jobs.claim(["default"], 1, "gone", 30)
     async with store.connection() as connection:
         await connection.execute("DELETE FROM agora.workers WHERE id = 'gone'")
     rescuer = JobRescuer(store, 3, 3, lease_seconds=0.5)
     assert await rescuer.run_once() == []  # (the job gets a lease of its own: 0.5 s)
-    assert (await store.get_job(claimed.id)).lease_expires_at is not None
+    assert (await store.jobs.get(claimed.id)).lease_expires_at is not None
     await asyncio.sleep(0.6)
     assert await rescuer.run_once() == [claimed.id]
-    assert (await store.get_job(claimed.id)).status is JobStatus.PENDING
+    assert (await store.jobs.get(claimed.id)).status is JobStatus.PENDING
 
 
 async def test_the_rescue_looks_up_only_the_jobs_of_workers_whose_lease_passed(store: Store) -> None:
@@ -299,9 +299,9 @@ async def test_a_renewal_just_after_an_outcome_was_written_does_not_call_it_lost
     await _live_worker(store, "w")
     await queue.enqueue("k")
     await queue.enqueue("k")
-    done, failed = await store.claim_jobs(["default"], 2, "w", 30)
-    assert await store.complete_succeeded([(done.id, done.attempt)], "w") == {done.id}
+    done, failed = await store.jobs.claim(["default"], 2, "w", 30)
+    assert await store.jobs.complete_succeeded([(done.id, done.attempt)], "w") == {done.id}
     finish = JobFinish(failed.id, failed.attempt, "failed", "ValueError", "ValueError: no", None, 5.0, False)
-    assert await store.finish_jobs([finish], "w", 3, 3) == {failed.id}
-    renewal = await store.renew_leases("w", 30, [(done.id, done.attempt), (failed.id, failed.attempt)], [])
+    assert await store.jobs.finish([finish], "w", 3, 3) == {failed.id}
+    renewal = await store.workers.renew_leases("w", 30, [(done.id, done.attempt), (failed.id, failed.attempt)], [])
     assert renewal.lost_jobs == set()

@@ -1,0 +1,182 @@
+"""The ``agora.jobs`` statements: enqueue, read, cancel, retry, claim, record outcomes, rescue."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, cast
+
+import asyncpg
+import asyncpg.pool
+
+from agora_pg.db import queries
+from agora_pg.db.enqueue import CallerConnection, caller_fetch, insert_jobs
+from agora_pg.db.job_rows import JobFinish, Promotion, row_to_job
+from agora_pg.errors import (
+    InvalidTransition,
+    JobConflict,
+    JobNotFound,
+)
+from agora_pg.job_spec import JobSpec
+from agora_pg.jobs import Job, JobStatus, possible_job_id
+
+if TYPE_CHECKING:
+    from agora_pg.db.store import Store
+
+
+class JobTable:
+    """Reached as ``store.jobs``; runs its statements through the Store's connections."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    async def enqueue(
+        self,
+        specs: Sequence[JobSpec],
+        connection: CallerConnection | None = None,
+        default_max_retries: int | None = None,
+    ) -> list[tuple[Job, bool]]:
+        """Insert jobs; returns each job with ``True`` if it was inserted or
+        ``False`` if a live job with its dedup_key was returned instead.
+        ``default_max_retries`` applies to specs that leave ``max_retries`` unset."""
+        if not specs:
+            return []
+        if connection is not None:
+            return await insert_jobs(caller_fetch(connection), specs, default_max_retries)
+        async with self._store.connection() as own:
+            return await insert_jobs(own.fetch, specs, default_max_retries)
+
+    async def get(self, job_id: int) -> Job:
+        require_possible_job_id(job_id)
+        rows = await self._store.fetch(queries.SELECT_JOB, job_id)
+        if not rows:
+            raise JobNotFound(job_id)
+        return row_to_job(rows[0])
+
+    async def cancel(self, job_id: int) -> Job:
+        """Cancel a job that has not started yet, or ask the worker running it to stop it
+        (the job is returned still ``processing``, with ``cancel_requested_at`` set)."""
+        require_possible_job_id(job_id)
+        rows = await self._store.fetch(queries.CANCEL_JOB, job_id)
+        if rows:
+            return row_to_job(rows[0])
+        job = await self.get(job_id)
+        raise InvalidTransition(job_id, job.status.value, JobStatus.CANCELLED.value)
+
+    async def search(self, filters: Mapping[str, Any], limit: int) -> list[Job]:
+        """Jobs newest first; ``filters`` maps names of ``queries.JOB_FILTERS`` to values
+        (``before_id`` pages: the jobs older than that id)."""
+        names = [name for name in queries.JOB_FILTERS if filters.get(name) is not None]
+        rows = await self._store.fetch(queries.list_jobs(names), *(filters[name] for name in names), limit)
+        return [row_to_job(row) for row in rows]
+
+    async def retry(self, job_id: int) -> Job:
+        """Put a failed or cancelled job back to pending, due now."""
+        require_possible_job_id(job_id)
+        try:
+            rows = await self._store.fetch(queries.RETRY_JOB, job_id)
+        except asyncpg.UniqueViolationError:
+            raise JobConflict(job_id, "another live job holds its dedup_key") from None
+        if rows:
+            return row_to_job(rows[0])
+        job = await self.get(job_id)
+        raise InvalidTransition(job_id, job.status.value, JobStatus.PENDING.value)
+
+    async def claim(
+        self, queues: Sequence[str], limit: int, worker_id: str, lease_seconds: float
+    ) -> list[Job]:
+        """Claim up to ``limit`` due jobs, highest priority first."""
+        if len(queues) == 1:
+            rows = await self._store.fetch(queries.CLAIM_JOBS, queues[0], limit, worker_id, float(lease_seconds))
+        else:
+            rows = await self._store.fetch(
+                queries.CLAIM_JOBS_FROM_QUEUES, list(queues), limit, worker_id, float(lease_seconds)
+            )
+        jobs = [row_to_job(row) for row in rows]
+        jobs.sort(key=lambda job: (-job.priority, job.run_at, job.id))
+        return jobs
+
+    async def complete_succeeded(
+        self, attempts: Sequence[tuple[int, int]], worker_id: str, results: Mapping[int, str] | None = None
+    ) -> set[int]:
+        """Mark ``(job_id, attempt)`` pairs done, recording ``results[job_id]`` (JSON text)
+        where given; returns the ids that were still held. Rows are locked in id order, as
+        by every outcome statement, so they cannot deadlock."""
+        attempts = sorted(attempts)
+        results = results or {}
+        rows = await self._store.fetch(
+            queries.COMPLETE_SUCCEEDED, [a[0] for a in attempts], [a[1] for a in attempts], worker_id,
+            [results.get(a[0]) for a in attempts],
+        )
+        return {row["job_id"] for row in rows}
+
+    async def finish(
+        self, finishes: Sequence[JobFinish], worker_id: str, max_lost_attempts: int, default_max_retries: int
+    ) -> set[int]:
+        """Record outcomes other than success (``queries.FINISH_JOBS``); returns the ids
+        of the attempts that were still held (the others were taken over meanwhile)."""
+        finishes = sorted(finishes, key=lambda finish: finish.job_id)
+        rows = await self._store.fetch(
+            queries.FINISH_JOBS, worker_id, max_lost_attempts, default_max_retries,
+            [f.job_id for f in finishes], [f.attempt for f in finishes], [f.kind for f in finishes],
+            [f.error_type for f in finishes], [f.error_message for f in finishes],
+            [f.traceback for f in finishes], [f.delay_seconds for f in finishes], [f.final for f in finishes],
+        )
+        return {row["id"] for row in rows}
+
+    async def release_claimed(self, worker_id: str, attempts: Sequence[tuple[int, int]]) -> set[int]:
+        """Give back claimed ``(job_id, attempt)`` pairs this worker will not start, uncounted."""
+        rows = await self._store.fetch(
+            queries.RELEASE_CLAIMED_JOBS, worker_id, [a[0] for a in attempts], [a[1] for a in attempts]
+        )
+        return {row["id"] for row in rows}
+
+    async def release_unstarted(self, worker_id: str, running: Sequence[int]) -> set[int]:
+        """Give back the jobs ``worker_id`` holds but never started (``running``: ids to keep)."""
+        rows = await self._store.fetch(queries.RELEASE_UNSTARTED_JOBS, worker_id, list(running))
+        return {row["id"] for row in rows}
+
+    async def adopt_unknown(self, worker_id: str, known: Sequence[int], lease_seconds: float) -> list[Job]:
+        """The jobs ``worker_id`` holds beyond ``known`` (a claim whose reply was lost)."""
+        rows = await self._store.fetch(queries.ADOPT_UNKNOWN_JOBS, worker_id, list(known), float(lease_seconds))
+        return [row_to_job(row) for row in rows]
+
+    async def promote_due(self, limit: int) -> Promotion:
+        """Move up to ``limit`` delayed jobs whose run_at has passed into the claim index."""
+        [row] = await self._store.fetch(queries.PROMOTE_DUE_JOBS, limit)
+        return Promotion(row["promoted"], row["next_in_seconds"])
+
+    async def rescue_expired(self, max_lost_attempts: int, default_max_retries: int, limit: int) -> list[int]:
+        """Take back processing jobs whose lease passed (their worker's, or their own); returns their ids."""
+        rows = await self._store.fetch(queries.RESCUE_EXPIRED, max_lost_attempts, default_max_retries, limit)
+        return [row["id"] for row in rows]
+
+    async def report_progress(self, worker_id: str, reports: Sequence[tuple[int, int, str]]) -> None:
+        """Store and publish the latest progress (JSON) of attempts ``(job_id, attempt)`` this
+        worker still holds (``queries.REPORT_JOB_PROGRESS``)."""
+        await self._store.fetch(
+            queries.REPORT_JOB_PROGRESS, worker_id,
+            [r[0] for r in reports], [r[1] for r in reports], [r[2] for r in reports],
+        )
+
+    async def count_work_due_now(self, queues: Sequence[str], default_max_retries: int) -> int:
+        """Jobs of ``queues`` running, or claimable and due now."""
+        async with self._store.connection() as connection:
+            return cast(int, await connection.fetchval(queries.COUNT_WORK_DUE_NOW, list(queues), default_max_retries))
+
+    async def finished_since(self, since: datetime) -> list[tuple[Job, Any]]:
+        """Jobs with an attempt that ended at or after ``since`` (by the database's clock),
+        each with its result (None unless an attempt succeeded and returned one)."""
+        finished = []
+        for row in await self._store.fetch(queries.JOBS_FINISHED_SINCE, since):
+            fields = dict(row.items())
+            result = fields.pop("result")
+            finished.append((row_to_job(fields), None if result is None else json.loads(result)))
+        return finished
+
+
+def require_possible_job_id(job_id: int) -> None:
+    """``JobNotFound`` for an id no job can have (not a bigint): no statement is sent."""
+    if not possible_job_id(job_id):
+        raise JobNotFound(job_id)
