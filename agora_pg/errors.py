@@ -145,3 +145,9 @@ class Retry(Exception):
             raise ValueError(f"delay_seconds must be a number >= 0, got {delay_seconds!r}")
         super().__init__(message)
         self.delay_seconds = float(delay_seconds)
+
+
+class PipelineInterrupted(AgoraError):
+    """The worker is stopping: a resumable pipeline stopped after its current batch
+    (its position is saved; the next run goes on from there). Recorded as a run cut short
+    at shutdown: not counted as a failure, and due again at once."""

@@ -18,7 +18,7 @@ import traceback as tracebacks
 from collections.abc import Collection
 from typing import Any
 
-from agora_pg.errors import Fail, Retry
+from agora_pg.errors import Fail, PipelineInterrupted, Retry
 from agora_pg.job_spec import holds_nul
 
 MAX_ERROR_MESSAGE = 4000  # characters of "Type: text" kept in error_message
@@ -123,6 +123,8 @@ def outcome_of(
         return Outcome(kind, error_type, storable_text(f"{error_type}: {text}", MAX_ERROR_MESSAGE))
     if error is None:
         return SUCCEEDED
+    if isinstance(error, PipelineInterrupted):  # a resumable pipeline ended early at shutdown
+        return Outcome(OutcomeKind.RELEASED, "WorkerShutdown", describe_error(error)[1])
     error_type, message = describe_error(error)
     if isinstance(error, asyncio.CancelledError):
         message = storable_text(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -140,6 +141,7 @@ class Schedule:
         return self.expression
 
 
+@functools.lru_cache(maxsize=4096)  # the pipelines of a process often share a schedule and a tick
 def next_cron_tick(expression: str, timezone: str, after: datetime) -> datetime:
     """The first instant strictly after ``after`` (aware) whose wall-clock time in
     ``timezone`` matches ``expression``; returned in UTC. Missed ticks are not

@@ -67,7 +67,7 @@ async def run_until_idle(worker: Worker, *, timeout: float = 30.0) -> list[RanJo
                          "Worker(handlers, settings=agora_settings)")
     store = Store.open(Database.from_settings(settings, settings.database_url), pool_size=2)
     try:
-        started, _sent_at = await store.read_database_clock()
+        started = await store.database_now()
         serving = asyncio.create_task(runner.serve(store, settings))
         try:
             async with asyncio.timeout(timeout):

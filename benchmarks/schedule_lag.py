@@ -6,9 +6,8 @@ on one `agora-pg worker` process (or several, each registering all N: every tick
 
 Lag is how late a run starts: agora.runs.started_at - agora.runs.scheduled_for,
 over every run except each pipeline's first (whose due time is the registration) and
-the runs of ticks due while the processes were starting: before the last process had
-registered in agora.workers (which it does once each of its pipelines has registered and
-made its first claim). Those are counted apart ("start-up runs"): a tick that falls
+the runs of ticks due while the processes were starting: before the last process's
+pipeline worker had registered in agora.workers. Those are counted apart ("start-up runs"): a tick that falls
 into a start-up of 2,000 pipelines waits for it (0.5-0.7 s on this machine).
 """
 
@@ -30,10 +29,10 @@ from benchmarks.drain import ROOT, scratch_database, worker_environment
 
 # The runs counted (every pipeline's but the first $1) with their lag; of them, the
 # measured ones are the runs of ticks due once every process had started (the last
-# agora.workers row of a process running pipelines), the others are start-up runs.
+# agora.workers row of a pipeline worker), the others are start-up runs.
 MEASURED_RUNS = """
 WITH all_started AS (
-    SELECT coalesce(max(started_at), '-infinity') AS at FROM agora.workers WHERE runs_pipelines
+    SELECT coalesce(max(started_at), '-infinity') AS at FROM agora.workers WHERE 'agora:pipelines' = ANY(queues)
 ), counted AS (
     SELECT worker_id, scheduled_for, started_at, extract(epoch FROM started_at - scheduled_for) * 1000 AS lag_ms,
            scheduled_for <= (SELECT at FROM all_started) AS during_startup
@@ -56,8 +55,7 @@ SELECT count(*) FILTER (WHERE NOT during_startup) AS runs,
 FROM counted
 """
 
-# Each tick's lag by process, and how it grows through one claim statement (its rows'
-# started_at are clock_timestamp() as the statement reaches them).
+# Each tick's lag by process.
 LAG_BY_TICK = MEASURED_RUNS + """
 SELECT to_char(scheduled_for, 'HH24:MI:SS') AS tick, worker_id, count(*) AS runs,
        percentile_cont(0.5) WITHIN GROUP (ORDER BY lag_ms) AS p50, max(lag_ms) AS max,
@@ -67,7 +65,7 @@ GROUP BY scheduled_for, worker_id ORDER BY scheduled_for, worker_id
 """
 
 PROCESSES = (
-    "SELECT id, to_char(started_at, 'HH24:MI:SS.MS') AS registered, runs_pipelines, queues "
+    "SELECT id, to_char(started_at, 'HH24:MI:SS.MS') AS registered, queues "
     "FROM agora.workers ORDER BY started_at"
 )
 
@@ -143,10 +141,9 @@ async def main() -> None:
         for tick in breakdown.ticks:
             print(f"| {tick['tick']} | {tick['worker_id']} | {tick['runs']} | {tick['min']:.1f} "
                   f"| {tick['p50']:.1f} | {tick['max']:.1f} | {tick['spread']:.1f} |")
-        print("\n| process (agora.workers) | registered | runs pipelines | queues |\n|---|---|---|---|")
+        print("\n| process (agora.workers) | registered | queues |\n|---|---|---|")
         for process in breakdown.processes:
-            print(f"| {process['id']} | {process['registered']} | {process['runs_pipelines']} "
-                  f"| {','.join(process['queues'])} |")
+            print(f"| {process['id']} | {process['registered']} | {','.join(process['queues'])} |")
 
 
 if __name__ == "__main__":

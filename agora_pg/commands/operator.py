@@ -28,10 +28,10 @@ RUN_HEADERS = ("id", "job_id", "pipeline_id", "attempt", "status", "started_at",
 
 
 @contextlib.asynccontextmanager
-async def operator_store() -> AsyncIterator[tuple[Store, Settings]]:
+async def operator_store(pool_size: int = 1) -> AsyncIterator[tuple[Store, Settings]]:
     settings = load_settings(os.environ)
     async with resolve_database(settings) as database:
-        store = Store.open(database, pool_size=1)
+        store = Store.open(database, pool_size=pool_size)
         try:
             yield store, settings
         finally:

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import logging
+from functools import partial
 
 from agora_pg.commands.operator import operator_store
 from agora_pg.commands.tables import render_table
 from agora_pg.config import PipelineConfig, WorkerConfig
 from agora_pg.db.pipeline_state import PipelineState
 from agora_pg.errors import AgoraError, ConfigError
+from agora_pg.jobs import JobStatus
 from agora_pg.runner import replay
+from agora_pg.runner.adhoc import run_now
 from agora_pg.runner.assembly import build_pipeline
-from agora_pg.pipelines.pipeline import PipelineRun, current_run
-from agora_pg.runtime.process import check_schema, new_worker_id
+from agora_pg.runtime.process import check_schema
 
 log = logging.getLogger("agora_pg")
 
@@ -27,29 +29,18 @@ def selected(config: WorkerConfig, name: str | None) -> list[PipelineConfig]:
 
 
 async def run_once(worker_config: WorkerConfig, name: str | None) -> None:
-    """Run each selected pipeline once, recording each run in agora.runs."""
+    """Run each selected pipeline once, now, each as a job of its own (its run recorded
+    in agora.runs when it ends, or by a rescuer if this process dies)."""
     pipelines = selected(worker_config, name)
     failures = []
-    async with operator_store() as (store, _settings):
+    async with operator_store(pool_size=4) as (store, settings):
         await check_schema(store)
-        state = PipelineState(store)
-        worker_id = new_worker_id()
         for config in pipelines:
-            run_id = await state.start_run(config.id, worker_id)
-            token = current_run.set(PipelineRun(store, run_id))
-            error: BaseException | None = None
-            built = build_pipeline(config)
-            try:
-                report = await built.run()
-                log.info("pipeline %s: read %d records, %d reached the sinks, %d dead letters (run %d)",
-                         config.id, report.read, report.passed, report.dead_letters, run_id)
-            except Exception as raised:  # noqa: BLE001 - recorded, then reported below
-                error = raised
-                failures.append(f"{config.id}: {raised}")
-            finally:
-                current_run.reset(token)
-                await built.close()
-                await state.finish_run(run_id, error)
+            job = await run_now(store, settings, config.id, partial(build_pipeline, config))
+            if job.status is JobStatus.DONE:
+                log.info("pipeline %s: run succeeded (job %d)", config.id, job.id)
+            else:
+                failures.append(f"{config.id}: {job.error_message or job.status.value} (job {job.id})")
     if failures:
         raise AgoraError("pipeline run failed: " + "; ".join(failures))
 

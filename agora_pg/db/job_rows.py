@@ -68,14 +68,12 @@ class JobFinish:
 
 @dataclasses.dataclass(frozen=True)
 class LeaseRenewal:
-    """What a renewal found: leases no longer held (job ``(id, attempt)`` pairs, pipeline
-    ids), the job attempts whose cancel was asked for, the jobs held in the worker's name
+    """What a renewal found: leases no longer held (job ``(id, attempt)`` pairs), the job attempts whose cancel was asked for, the jobs held in the worker's name
     that it did not list (a claim whose reply was lost), and whether the worker's row was
     there to renew (its worker lease covers its jobs only then)."""
 
     lost_jobs: frozenset[tuple[int, int]]
     cancel_jobs: frozenset[tuple[int, int]]
-    lost_runs: frozenset[str]
     unknown_jobs: frozenset[int] = frozenset()
     worker_renewed: bool = False
 

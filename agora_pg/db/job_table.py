@@ -84,10 +84,17 @@ class JobTable:
         raise InvalidTransition(job_id, job.status.value, JobStatus.PENDING.value)
 
     async def claim(
-        self, queues: Sequence[str], limit: int, worker_id: str, lease_seconds: float
+        self, queues: Sequence[str], limit: int, worker_id: str, lease_seconds: float,
+        kinds: Sequence[str] | None = None,
     ) -> list[Job]:
-        """Claim up to ``limit`` due jobs, highest priority first."""
-        if len(queues) == 1:
+        """Claim up to ``limit`` due jobs, highest priority first (only of ``kinds``, if
+        given, from one queue)."""
+        if kinds is not None:
+            (queue,) = queues
+            rows = await self._store.fetch(
+                queries.CLAIM_JOBS_OF_KINDS, queue, limit, worker_id, float(lease_seconds), list(kinds)
+            )
+        elif len(queues) == 1:
             rows = await self._store.fetch(queries.CLAIM_JOBS, queues[0], limit, worker_id, float(lease_seconds))
         else:
             rows = await self._store.fetch(

@@ -34,20 +34,26 @@ class DeadLetter:
     id: int | None = None
     pipeline_id: str | None = None
     run_id: int | None = None
+    job_id: int | None = None
     created_at: datetime | None = None
     replayed_at: datetime | None = None
 
 
-def checkpoint_args(pipeline_id: str, checkpoint: Checkpoint, run_id: int | None) -> tuple[Any, ...]:
+def checkpoint_args(
+    pipeline_id: str, checkpoint: Checkpoint, run_id: int | None, job_id: int | None = None
+) -> tuple[Any, ...]:
     """Parameters of ``queries.SAVE_CHECKPOINT``."""
-    return (pipeline_id, json.dumps(checkpoint.position), checkpoint.source, run_id)
+    return (pipeline_id, json.dumps(checkpoint.position), checkpoint.source, run_id, job_id)
 
 
-def dead_letter_args(pipeline_id: str, run_id: int | None, letters: Sequence[DeadLetter]) -> tuple[Any, ...]:
+def dead_letter_args(
+    pipeline_id: str, run_id: int | None, letters: Sequence[DeadLetter], job_id: int | None = None
+) -> tuple[Any, ...]:
     """Parameters of ``queries.INSERT_DEAD_LETTERS``."""
     return (
         pipeline_id,
         run_id,
+        job_id,
         [letter.stage for letter in letters],
         [json.dumps(letter.record, default=str) for letter in letters],
         [letter.error_type for letter in letters],
@@ -61,13 +67,14 @@ async def write_batch_state(
     run_id: int | None,
     checkpoint: Checkpoint | None,
     letters: Sequence[DeadLetter],
+    job_id: int | None = None,
 ) -> None:
     """Dead letters and the checkpoint of one batch, on ``connection`` (the caller's
     transaction: a database sink writes them with its rows)."""
     if letters:
-        await connection.execute(queries.INSERT_DEAD_LETTERS, *dead_letter_args(pipeline_id, run_id, letters))
+        await connection.execute(queries.INSERT_DEAD_LETTERS, *dead_letter_args(pipeline_id, run_id, letters, job_id))
     if checkpoint is not None:
-        await connection.execute(queries.SAVE_CHECKPOINT, *checkpoint_args(pipeline_id, checkpoint, run_id))
+        await connection.execute(queries.SAVE_CHECKPOINT, *checkpoint_args(pipeline_id, checkpoint, run_id, job_id))
 
 
 class PipelineState:
@@ -86,12 +93,13 @@ class PipelineState:
             await connection.execute(queries.DELETE_CHECKPOINT, pipeline_id)
 
     async def write_batch_state(
-        self, pipeline_id: str, run_id: int | None, checkpoint: Checkpoint | None, letters: Sequence[DeadLetter]
+        self, pipeline_id: str, run_id: int | None, checkpoint: Checkpoint | None, letters: Sequence[DeadLetter],
+        *, job_id: int | None = None,
     ) -> None:
         if checkpoint is None and not letters:
             return
         async with self.store.connection() as connection, connection.transaction():
-            await write_batch_state(connection, pipeline_id, run_id, checkpoint, letters)
+            await write_batch_state(connection, pipeline_id, run_id, checkpoint, letters, job_id)
 
     async def dead_letters(self, pipeline_id: str | None, include_replayed: bool, limit: int) -> list[DeadLetter]:
         async with self.store.connection() as connection:
@@ -122,7 +130,7 @@ class PipelineState:
 
 def _dead_letter(row: asyncpg.Record) -> DeadLetter:
     return DeadLetter(
-        id=row["id"], pipeline_id=row["pipeline_id"], run_id=row["run_id"], stage=row["stage"],
+        id=row["id"], pipeline_id=row["pipeline_id"], run_id=row["run_id"], job_id=row["job_id"], stage=row["stage"],
         record=json.loads(row["record"]), error_type=row["error_type"], error_message=row["error_message"],
         created_at=row["created_at"], replayed_at=row["replayed_at"],
     )

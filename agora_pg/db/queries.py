@@ -27,6 +27,21 @@ JOB_READ_COLUMNS = JOB_COLUMNS.replace(
 # them was a third of the time).
 INSERTED_COLUMNS = "id, run_at, created_at, dedup_key"
 
+# A scheduled pipeline's run is a job of the queue PIPELINE_QUEUE whose kind is the
+# pipeline id and whose dedup key is PIPELINE_DEDUP_PREFIX + the pipeline id: at most one
+# such job is alive per pipeline, which is how runs of a pipeline never overlap.
+PIPELINE_QUEUE = "agora:pipelines"
+PIPELINE_DEDUP_PREFIX = "pipeline:"
+# A changed schedule (resumed, triggered, a run ended) wakes the schedulers serving it
+# (payload: the pipeline id).
+SCHEDULES_CHANNEL = "agora_schedules"
+
+# The live job of pipeline_id (the schedules row in scope), if any: a jobs_dedup_key_idx lookup.
+_LIVE_PIPELINE_JOB = (
+    f"(SELECT {{column}} FROM agora.jobs AS j WHERE j.dedup_key = '{PIPELINE_DEDUP_PREFIX}' || pipeline_id "
+    f"AND {ALIVE})"
+)
+
 # -- enqueue -----------------------------------------------------------------
 
 # Insert one job; a job due later is delayed (outside the claim index until promoted).
@@ -151,6 +166,10 @@ WITH next AS (
 )
 {_CLAIM_UPDATE}"""
 
+# The same, only of the kinds $5 (text[]): a process claims the runs of the pipelines it
+# registered (PIPELINE_QUEUE holds every process's), no other.
+CLAIM_JOBS_OF_KINDS = CLAIM_JOBS.replace("AND run_at <= now()", "AND run_at <= now() AND kind = ANY($5::text[])")
+
 # The same for several queues $1 (text[]): each queue's best due jobs, read and locked
 # in index order, then the best of those across queues. Rows locked but not chosen are
 # released when the statement ends (other workers skip them for that long).
@@ -216,24 +235,76 @@ SELECT id, pg_notify('agora_jobs', queue) FROM released
 # while nothing ran the planner drove the join from such an index, rescanning the id
 # array per row (quadratic: 75 ms for 500 jobs).
 
+# A scheduled pipeline's run ended (a job of PIPELINE_QUEUE left pending or processing for
+# good): its schedule row is updated from the row as it is now, not as it was when the
+# run began. The CTE "ended" has the job's queue, kind (the pipeline id), payload (only
+# a pipeline job's: its tick, the spec it was enqueued under and its next run after a
+# success), status, started_at, the run's status and error, and whether the run was cut
+# short at shutdown (released: due again at once, not counted). A failed or abandoned run
+# counts: the next run waits min(600, error_backoff_seconds * 2^(n-1)) after the n-th in a
+# row (schedules.error_backoff) and the schedule stops at max_consecutive_errors; a success
+# resets the count and sets the next run the payload names (none: a once schedule,
+# completed). A spec changed meanwhile (registered again) keeps the next run and state the
+# registration set; a schedule paused or stopped meanwhile keeps its state. Runs outside a
+# schedule (no spec in the payload) change no schedule. The schedulers are woken.
+_PIPELINE_RUN_ENDED = f"""scheduled AS (
+    UPDATE agora.schedules AS s
+    SET last_started_at = e.started_at, last_finished_at = now(), last_status = e.run_status,
+        last_error = e.error_message, updated_at = now(),
+        consecutive_errors = CASE WHEN e.run_status IN ('failed', 'abandoned') THEN s.consecutive_errors + 1
+                                  WHEN e.run_status = 'succeeded' THEN 0 ELSE s.consecutive_errors END,
+        next_run_at = CASE
+            WHEN s.schedule_spec IS DISTINCT FROM e.payload->>'spec' THEN s.next_run_at
+            WHEN e.run_status IN ('failed', 'abandoned') THEN now() + make_interval(secs => LEAST(
+                {ERROR_BACKOFF_CAP_SECONDS}, s.error_backoff_seconds * power(2, LEAST(s.consecutive_errors, 62))))
+            WHEN e.released THEN now()
+            WHEN e.payload ? 'next_at' THEN (e.payload->>'next_at')::timestamptz
+            WHEN e.payload ? 'next_in_seconds' THEN now() + make_interval(secs => (e.payload->>'next_in_seconds')::float8)
+            ELSE s.next_run_at END,
+        state = CASE
+            WHEN s.schedule_spec IS DISTINCT FROM e.payload->>'spec' OR s.state <> 'active' THEN s.state
+            WHEN e.run_status IN ('failed', 'abandoned') AND s.consecutive_errors + 1 >= s.max_consecutive_errors
+                THEN 'stopped'
+            WHEN e.run_status = 'succeeded' AND NOT (e.payload ? 'next_at' OR e.payload ? 'next_in_seconds')
+                THEN 'completed'
+            ELSE s.state END
+    FROM ended AS e
+    WHERE e.queue = '{PIPELINE_QUEUE}' AND e.status <> 'pending' AND e.payload ? 'spec' AND s.pipeline_id = e.kind
+    RETURNING pg_notify('{SCHEDULES_CHANNEL}', s.pipeline_id)
+)"""
+
+# The agora.runs columns of a job's run that say which pipeline and tick it was, if any.
+_RUN_PIPELINE = f"CASE WHEN queue = '{PIPELINE_QUEUE}' THEN kind END"
+_RUN_TICK = f"CASE WHEN queue = '{PIPELINE_QUEUE}' THEN (payload->>'scheduled_for')::timestamptz END"
+# What a finished job returns for that: its payload only if it is a pipeline's run.
+_PIPELINE_PAYLOAD = f"CASE WHEN j.queue = '{PIPELINE_QUEUE}' THEN j.payload END AS payload"
+
 # Mark attempts (id, attempt) done and record their runs (with the attempt's last progress
 # report and the handler's result, JSON text or NULL); returns the ids that were still
 # theirs, and wakes the event streams (one notification per statement: PostgreSQL folds
 # identical ones of a transaction).
-COMPLETE_SUCCEEDED = """
+COMPLETE_SUCCEEDED = f"""
 WITH finished AS (
     UPDATE agora.jobs AS j
     SET status = 'done', finished_at = now(), locked_by = NULL, lease_expires_at = NULL,
         cancel_requested_at = NULL
     FROM unnest($1::bigint[], $2::int[], $4::text[]) AS t(id, attempt, result)
     WHERE j.id = t.id AND j.attempt = t.attempt AND j.locked_by = $3
-    RETURNING j.id, j.attempt, j.started_at, j.progress, t.result
+    RETURNING j.id, j.attempt, j.started_at, j.progress, t.result, j.queue, j.kind, j.status, {_PIPELINE_PAYLOAD}
 ), recorded AS (
-    INSERT INTO agora.runs (job_id, attempt, worker_id, started_at, finished_at, status, progress, result)
-    SELECT id, attempt, $3, started_at, now(), 'succeeded', progress, result::jsonb FROM finished
+    INSERT INTO agora.runs (job_id, attempt, worker_id, started_at, finished_at, status, progress, result,
+                            pipeline_id, scheduled_for)
+    SELECT id, attempt, $3, started_at, now(), 'succeeded', progress, result::jsonb, {_RUN_PIPELINE}, {_RUN_TICK}
+    FROM finished
     RETURNING job_id
-)
-SELECT job_id, (SELECT pg_notify('agora_events', '')) AS events_woken FROM recorded
+), ended AS (
+    SELECT queue, kind, payload, status, started_at, 'succeeded' AS run_status, NULL AS error_message,
+           false AS released
+    FROM finished
+), {_PIPELINE_RUN_ENDED}
+SELECT job_id, (SELECT pg_notify('agora_events', '')) AS events_woken,
+       (SELECT count(*) FROM scheduled) AS schedules_woken
+FROM recorded
 """
 
 # Record every other outcome of attempts (id, attempt) held by worker $1 (outcomes.OutcomeKind):
@@ -244,7 +315,7 @@ SELECT job_id, (SELECT pg_notify('agora_events', '')) AS events_woken FROM recor
 #              (WORKER_MAX_LOST_ATTEMPTS): then failed for good.
 # $3 is the default max_retries. Jobs due again at once wake the workers of their queue;
 # retries that wait wake the workers' promotion steps (agora_delayed).
-FINISH_JOBS = """
+FINISH_JOBS = f"""
 WITH outcome AS (
     SELECT * FROM unnest($4::bigint[], $5::int[], $6::text[], $7::text[], $8::text[], $9::text[],
                          $10::float8[], $11::bool[])
@@ -254,16 +325,17 @@ WITH outcome AS (
     SET status = CASE
             WHEN o.kind = 'failed' THEN 'failed'
             WHEN o.kind = 'cancelled' THEN 'cancelled'
+            WHEN j.queue = '{PIPELINE_QUEUE}' THEN CASE o.kind WHEN 'lost' THEN 'failed' ELSE 'cancelled' END
             WHEN j.lost_count + 1 >= $2 THEN 'failed'
             ELSE 'pending' END,
         retry_count = j.retry_count + (o.kind = 'failed')::int,
         lost_count = j.lost_count + (o.kind IN ('lost', 'released'))::int,
         max_retries = CASE
-            WHEN o.final OR (o.kind IN ('lost', 'released') AND j.lost_count + 1 >= $2)
+            WHEN o.final OR j.queue = '{PIPELINE_QUEUE}' OR (o.kind IN ('lost', 'released') AND j.lost_count + 1 >= $2)
                 THEN LEAST(COALESCE(j.max_retries, $3), j.retry_count + (o.kind = 'failed')::int)
             ELSE COALESCE(j.max_retries, $3) END,
         error_message = CASE
-            WHEN o.kind IN ('lost', 'released') AND j.lost_count + 1 >= $2
+            WHEN o.kind IN ('lost', 'released') AND j.lost_count + 1 >= $2 AND j.queue <> '{PIPELINE_QUEUE}'
                 THEN o.error_message || ' (' || (j.lost_count + 1) || ' lost attempts: not retried)'
             ELSE o.error_message END,
         run_at = now() + make_interval(secs => o.delay), finished_at = now(),
@@ -272,19 +344,24 @@ WITH outcome AS (
         locked_by = NULL, lease_expires_at = NULL, cancel_requested_at = NULL
     FROM outcome AS o
     WHERE j.id = o.id AND j.attempt = o.attempt AND j.locked_by = $1
-    RETURNING j.id, j.attempt, j.started_at, j.queue, j.status, j.delayed, j.progress, o.kind, o.error_type,
-              o.error_message, o.traceback
+    RETURNING j.id, j.attempt, j.started_at, j.queue, j.kind, j.status, j.delayed, j.progress, o.kind AS outcome,
+              o.error_type, o.error_message, o.traceback, {_PIPELINE_PAYLOAD}
 ), recorded AS (
     INSERT INTO agora.runs (job_id, attempt, worker_id, started_at, finished_at, status, error_type,
-                            error_message, traceback, progress)
+                            error_message, traceback, progress, pipeline_id, scheduled_for)
     SELECT id, attempt, $1, started_at, now(),
-           CASE kind WHEN 'failed' THEN 'failed' WHEN 'lost' THEN 'abandoned' ELSE 'cancelled' END,
-           error_type, error_message, traceback, progress
+           CASE outcome WHEN 'failed' THEN 'failed' WHEN 'lost' THEN 'abandoned' ELSE 'cancelled' END,
+           error_type, error_message, traceback, progress, {_RUN_PIPELINE}, {_RUN_TICK}
     FROM finished
-)
+), ended AS (
+    SELECT queue, kind, payload, status, started_at, error_message, outcome = 'released' AS released,
+           CASE outcome WHEN 'failed' THEN 'failed' WHEN 'lost' THEN 'abandoned' ELSE 'cancelled' END AS run_status
+    FROM finished
+), {_PIPELINE_RUN_ENDED}
 SELECT id, CASE WHEN status = 'pending' THEN pg_notify('agora_jobs', queue) END AS woken,
        (SELECT pg_notify('agora_events', '')) AS events_woken,
-       CASE WHEN delayed THEN pg_notify('agora_delayed', '') END AS promoters_woken
+       CASE WHEN delayed THEN pg_notify('agora_delayed', '') END AS promoters_woken,
+       (SELECT count(*) FROM scheduled) AS schedules_woken
 FROM finished
 """
 
@@ -313,12 +390,13 @@ RETURNING {JOB_COLUMNS}
 # Take back processing jobs whose lease passed: the jobs of workers whose worker lease
 # passed, and jobs with a lease of their own that passed (up to $3 of each). Each is a lost
 # attempt (lost_count + 1), due again at once until lost_count reaches $1
-# (WORKER_MAX_LOST_ATTEMPTS), then failed for good; $2 is the default max_retries. A
+# (WORKER_MAX_LOST_ATTEMPTS), then failed for good (a pipeline's run at once: it counts as
+# a failed run of its schedule, whose next run is the scheduler's); $2 is the default max_retries. A
 # worker's jobs are looked up per worker whose lease passed (a nested loop over
 # jobs_locked_by_idx, never a scan of every running job). The worker's row is locked too
 # (shared: rescuers do not exclude each other), so a renewal in flight is not overtaken:
 # the worker is skipped, or its row is read again as renewed.
-RESCUE_EXPIRED = """
+RESCUE_EXPIRED = f"""
 WITH lost_with_worker AS (
     SELECT j.id, w.id AS locked_by, w.lease_expires_at
     FROM agora.workers AS w
@@ -341,59 +419,50 @@ WITH lost_with_worker AS (
     SELECT * FROM lost_with_worker UNION ALL SELECT * FROM lost_on_their_own
 ), rescued AS (
     UPDATE agora.jobs AS j
-    SET status = CASE WHEN j.lost_count + 1 >= $1 THEN 'failed' ELSE 'pending' END,
+    SET status = CASE WHEN j.lost_count + 1 >= $1 OR j.queue = '{PIPELINE_QUEUE}' THEN 'failed' ELSE 'pending' END,
         lost_count = j.lost_count + 1,
-        max_retries = CASE WHEN j.lost_count + 1 >= $1 THEN LEAST(COALESCE(j.max_retries, $2), j.retry_count)
+        max_retries = CASE WHEN j.lost_count + 1 >= $1 OR j.queue = '{PIPELINE_QUEUE}' THEN LEAST(COALESCE(j.max_retries, $2), j.retry_count)
                            ELSE COALESCE(j.max_retries, $2) END,
         error_message = 'WorkerLost: worker ' || COALESCE(lost.locked_by, '?')
             || ' stopped renewing its lease, which expired at '
             || to_char(lost.lease_expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
-            || CASE WHEN j.lost_count + 1 >= $1 THEN ' (' || (j.lost_count + 1) || ' lost attempts: not retried)'
+            || CASE WHEN j.lost_count + 1 >= $1 AND j.queue <> '{PIPELINE_QUEUE}' THEN ' (' || (j.lost_count + 1) || ' lost attempts: not retried)'
                     ELSE '' END,
         run_at = now(), finished_at = now(), locked_by = NULL, lease_expires_at = NULL,
         cancel_requested_at = NULL
     FROM lost WHERE j.id = lost.id
-    RETURNING j.id, j.attempt, j.started_at, j.queue, j.status, j.error_message, j.progress, lost.locked_by
+    RETURNING j.id, j.attempt, j.started_at, j.queue, j.kind, j.status, j.error_message, j.progress, lost.locked_by,
+              {_PIPELINE_PAYLOAD}
 ), recorded AS (
     INSERT INTO agora.runs (job_id, attempt, worker_id, started_at, finished_at, status, error_type, error_message,
-                            progress)
-    SELECT id, attempt, locked_by, started_at, now(), 'abandoned', 'WorkerLost', error_message, progress FROM rescued
-)
-SELECT id, CASE WHEN status = 'pending' THEN pg_notify('agora_jobs', queue) END AS woken FROM rescued
+                            progress, pipeline_id, scheduled_for)
+    SELECT id, attempt, locked_by, started_at, now(), 'abandoned', 'WorkerLost', error_message, progress,
+           {_RUN_PIPELINE}, {_RUN_TICK}
+    FROM rescued
+), ended AS (
+    SELECT queue, kind, payload, status, started_at, error_message, false AS released, 'abandoned' AS run_status
+    FROM rescued
+), {_PIPELINE_RUN_ENDED}
+SELECT id, CASE WHEN status = 'pending' THEN pg_notify('agora_jobs', queue) END AS woken,
+       (SELECT count(*) FROM scheduled) AS schedules_woken
+FROM rescued
 """
 
 # -- workers -----------------------------------------------------------------
 
-# Record a starting worker process: its job worker ($4: the queues it claims) or its
-# scheduled pipelines ($5), whichever registers first; the second adds to the row.
+# Record a starting worker process ($4: the queues it claims).
 INSERT_WORKER = """
-INSERT INTO agora.workers AS w (id, hostname, pid, queues, runs_pipelines) VALUES ($1, $2, $3, $4::text[], $5)
-ON CONFLICT (id) DO UPDATE
-SET queues = CASE WHEN $5 THEN w.queues ELSE EXCLUDED.queues END, runs_pipelines = w.runs_pipelines OR $5
+INSERT INTO agora.workers (id, hostname, pid, queues) VALUES ($1, $2, $3, $4::text[])
+ON CONFLICT (id) DO UPDATE SET queues = EXCLUDED.queues
 """
 
-# The workers whose processes run scheduled pipelines and whose lease is live (or, not
-# renewed yet, that started less than $1 seconds ago and have not stopped): the
-# processes that share the pipelines' ticks (runner/tick_shares.py).
-# Also a reading of the database clock (as CLAIM_PIPELINE_RUNS), taken between ticks: the
-# claims of a process that has just started read it while the process is busiest.
-LIVE_PIPELINE_WORKERS = """
-SELECT ARRAY(
-    SELECT id FROM agora.workers
-    WHERE runs_pipelines AND (lease_expires_at > now() OR (
-        lease_expires_at IS NULL AND stopped_at IS NULL AND started_at > now() - make_interval(secs => $1)))
-    ORDER BY id
-) AS ids, statement_timestamp() AS database_now
-"""
-
-# An attempt (or pipeline run) whose outcome its own worker has written (a rescue's row says
+# An attempt whose outcome its own worker has written (a rescue's row says
 # WorkerLost): a renewal sent between that write and the worker letting go of the lease
 # does not find the attempt held, but it is over, not lost to another worker.
 _ENDED_BY_WORKER = "r.worker_id = $1 AND r.status <> 'running' AND r.error_type IS DISTINCT FROM 'WorkerLost'"
 
 # The lease supervisor's renewal: worker $1 is alive, its worker lease (which covers
-# the jobs it runs) and exactly the pipeline-run leases it holds ($5 pipeline ids, $6 run
-# ids) are extended by $2 seconds. Its job rows are only read, through jobs_locked_by_idx:
+# the jobs it runs) is extended by $2 seconds. Its job rows are only read, through jobs_locked_by_idx:
 # of the job attempts it holds ($3 ids, $4 attempts) it learns which it lost (rescued or
 # taken over: no longer processing under its name) and whose cancel was asked for; of the
 # jobs held in its name it learns which it does not know of (unknown: a claim that
@@ -402,8 +471,7 @@ _ENDED_BY_WORKER = "r.worker_id = $1 AND r.status <> 'running' AND r.error_type 
 # the worker lease. A worker whose row is gone (deleted by hand) has no worker lease: its
 # held jobs get, and keep renewed, leases of their own, as before worker leases.
 # Rows locked right now are being finished by this worker: skipped rather than waited for
-# (no deadlock with that statement; waiting, a renewal that met a batch of run finishes
-# found those runs gone and stopped them as lost), and not lost (the snapshot still shows
+# (no deadlock with that statement), and not lost (the snapshot still shows
 # them held). One round of 100 workers x 500 running jobs: 5-6x less server CPU and over
 # 1,000x less WAL than an update of every job row (benchmarks/heartbeat_cost.py).
 RENEW_LEASES = """
@@ -428,17 +496,6 @@ WITH worker AS (
     SET lease_expires_at = CASE WHEN EXISTS (SELECT 1 FROM worker) THEN NULL
                                 ELSE now() + make_interval(secs => $2) END
     FROM own_leases WHERE j.id = own_leases.id
-), runs_wanted AS (
-    SELECT * FROM unnest($5::text[], $6::bigint[]) AS t(pipeline_id, run_id)
-), runs_held AS (
-    SELECT s.pipeline_id FROM agora.schedules AS s
-    JOIN runs_wanted AS t ON s.pipeline_id = t.pipeline_id AND s.lease_run_id = t.run_id
-    WHERE s.lease_owner = $1
-    FOR UPDATE OF s SKIP LOCKED
-), runs_renewed AS (
-    UPDATE agora.schedules AS s SET lease_expires_at = now() + make_interval(secs => $2)
-    FROM runs_held WHERE s.pipeline_id = runs_held.pipeline_id
-    RETURNING s.pipeline_id
 )
 SELECT lost.ids AS lost_job_ids, lost.attempts AS lost_job_attempts,
        cancel.ids AS cancel_job_ids, cancel.attempts AS cancel_job_attempts,
@@ -446,13 +503,7 @@ SELECT lost.ids AS lost_job_ids, lost.attempts AS lost_job_attempts,
              WHERE m.started_at < now() - interval '1 second'
                AND NOT EXISTS (SELECT 1 FROM wanted AS w WHERE w.id = m.id)
              ORDER BY m.id) AS unknown_job_ids,
-       EXISTS (SELECT 1 FROM worker) AS worker_renewed,
-       ARRAY(SELECT t.pipeline_id FROM runs_wanted AS t
-             WHERE t.pipeline_id NOT IN (SELECT pipeline_id FROM runs_renewed) AND NOT EXISTS (
-                 SELECT 1 FROM agora.schedules AS s
-                 WHERE s.pipeline_id = t.pipeline_id AND s.lease_run_id = t.run_id AND s.lease_owner = $1
-             ) AND NOT EXISTS (SELECT 1 FROM agora.runs AS r WHERE r.id = t.run_id AND {_ENDED_BY_WORKER})
-             ) AS lost_runs
+       EXISTS (SELECT 1 FROM worker) AS worker_renewed
 FROM (
     SELECT coalesce(array_agg(w.id ORDER BY w.id, w.attempt), '{}') AS ids,
            coalesce(array_agg(w.attempt ORDER BY w.id, w.attempt), '{}') AS attempts
@@ -517,10 +568,16 @@ SELECT_SCHEMA_VERSIONS = "SELECT version_num FROM agora.alembic_version"
 
 # -- schedules -------------------------------------------------------------------
 
+# A schedule's columns, with its live run (a pipeline's job that is pending or running):
+# the job's id, the worker running it and until when that worker's lease holds.
 SCHEDULE_COLUMNS = (
     "pipeline_id, schedule_kind, schedule_spec, state, next_run_at, consecutive_errors, last_error, "
-    "last_status, last_started_at, last_finished_at, lease_owner, lease_expires_at, "
-    "error_backoff_seconds, max_consecutive_errors, lease_run_id, job_kind"
+    "last_status, last_started_at, last_finished_at, error_backoff_seconds, max_consecutive_errors, job_kind, "
+    + _LIVE_PIPELINE_JOB.format(column="j.id") + " AS job_id, "
+    + _LIVE_PIPELINE_JOB.format(column="j.locked_by") + " AS lease_owner, "
+    + _LIVE_PIPELINE_JOB.format(
+        column="COALESCE(j.lease_expires_at, (SELECT w.lease_expires_at FROM agora.workers AS w "
+               "WHERE w.id = j.locked_by))") + " AS lease_expires_at"
 )
 
 # Register a pipeline's schedule; a changed spec recomputes next_run_at (and re-arms a completed
@@ -554,77 +611,30 @@ WHERE pipeline_id = $1 AND schedule_spec = $2 AND state = 'completed'
 RETURNING {SCHEDULE_COLUMNS}
 """
 
-# One schedule, with how many seconds (by the database clock) until it is due and until its lease expires.
+# One schedule, with how many seconds (by the database clock) until it is due.
 SELECT_SCHEDULE = f"""
-SELECT {SCHEDULE_COLUMNS},
-       extract(epoch FROM next_run_at - clock_timestamp()) AS due_in_seconds,
-       extract(epoch FROM lease_expires_at - clock_timestamp()) AS lease_left_seconds
+SELECT {SCHEDULE_COLUMNS}, extract(epoch FROM next_run_at - clock_timestamp()) AS due_in_seconds
 FROM agora.schedules WHERE pipeline_id = $1
 """
 
-# The same for the schedules of pipelines $1 (text[]): the pipelines of a process that
-# lost the claim of one tick read their rows in one statement.
+# The same for the schedules of pipelines $1 (text[]).
 SELECT_SCHEDULES = SELECT_SCHEDULE.replace("WHERE pipeline_id = $1", "WHERE pipeline_id = ANY($1::text[])")
 
-# Claim the due runs of pipelines $1 (each registered with the spec at the same place in $3)
-# for worker $2 with a lease of $4 seconds, those no other worker holds: one statement for
-# every pipeline of a process due at the same moment. A lease this worker holds itself is the trace of a
-# claim whose reply was lost (a worker claims a pipeline only while not running it): its
-# run is recorded abandoned, uncounted, and the tick claimed again. The run row's unique
-# (pipeline_id, scheduled_for) key makes a second record of the same tick impossible.
-# Returns the database clock too, which the runner schedules by.
-CLAIM_PIPELINE_RUNS = f"""
-WITH due AS (
-    SELECT s.pipeline_id, s.next_run_at, s.lease_owner, s.lease_run_id
-    FROM agora.schedules AS s
-    JOIN unnest($1::text[], $3::text[]) AS wanted(pipeline_id, spec)
-      ON s.pipeline_id = wanted.pipeline_id AND s.schedule_spec = wanted.spec
-    WHERE s.state = 'active' AND s.next_run_at <= clock_timestamp()
-      AND (s.lease_owner IS NULL OR s.lease_owner = $2)
-    ORDER BY s.pipeline_id
-    FOR UPDATE OF s SKIP LOCKED
-), unknown AS (
-    -- The runs of lost replies, looked up by id from an array (one InitPlan, usually
-    -- empty), not by a join with due: on a young runs table the planner, guessing one row
-    -- on each side, scanned due once per running run (667 x 667 at the first tick of a
-    -- second process: 34 of 43 ms).
-    UPDATE agora.runs AS r
-    SET status = 'abandoned', finished_at = clock_timestamp(), error_type = 'ClaimLost',
-        error_message = 'ClaimLost: the claim''s reply was lost; the tick was claimed again'
-    WHERE r.id = ANY (ARRAY(SELECT lease_run_id FROM due WHERE lease_owner IS NOT NULL)) AND r.status = 'running'
-    RETURNING r.scheduled_for
-), run AS (
-    INSERT INTO agora.runs (pipeline_id, attempt, worker_id, started_at, status, scheduled_for)
-    SELECT pipeline_id, 1, $2, clock_timestamp(), 'running',
-           -- the abandoned row keeps its tick: the new one is a moment later
-           CASE WHEN due.lease_owner IS NULL THEN next_run_at ELSE clock_timestamp() END
-    FROM due
-    RETURNING id, pipeline_id, started_at, scheduled_for
-), claimed AS (
-    UPDATE agora.schedules AS s
-    SET lease_owner = $2, lease_expires_at = clock_timestamp() + make_interval(secs => $4),
-        lease_run_id = run.id, last_started_at = run.started_at
-    FROM run WHERE s.pipeline_id = run.pipeline_id
-    RETURNING {", ".join("s." + c.strip() for c in SCHEDULE_COLUMNS.split(","))},
-              run.id AS run_id, run.scheduled_for
-)
--- (the run's columns come out of the UPDATE itself: a join of the two CTEs would be
--- planned as a nested loop, the planner guessing one row each: 175 of 190 ms at 1,000).
--- database_now is when the statement began: the caller pairs it with the moment it sent
--- the statement, not with the reply's arrival (a reply after a long statement would make
--- every pipeline of the batch wake that much late for its next tick).
-SELECT claimed.*, statement_timestamp() AS database_now FROM claimed
-"""
+# No job of schedule s is alive: a pipeline's next run is due only once its last one ended.
+_NO_LIVE_RUN = _LIVE_PIPELINE_JOB.replace("(SELECT {column} FROM", "NOT EXISTS (SELECT FROM").replace(
+    "|| pipeline_id", "|| s.pipeline_id")
 
 # The due ticks of schedules $1 (text[]), each registered with the spec at the same place
-# in $2, locked until the transaction that turns them into jobs ends (another process's
-# scheduler skips them), with the database clock.
-DUE_TICKS = """
-SELECT s.pipeline_id, s.next_run_at AS tick, clock_timestamp() AS database_now
+# in $2, or due within $3 seconds (enqueued ahead, as jobs due at their tick), locked until the transaction that turns them into jobs ends (another process's
+# scheduler skips them), with the database clock (one reading for all: the next cron tick
+# after it is worked out once). A pipeline whose run is still alive is not due (its run's
+# end sets its next run).
+DUE_TICKS = f"""
+SELECT s.pipeline_id, s.next_run_at AS tick, statement_timestamp() AS database_now
 FROM agora.schedules AS s
 JOIN unnest($1::text[], $2::text[]) AS wanted(pipeline_id, spec)
   ON s.pipeline_id = wanted.pipeline_id AND s.schedule_spec = wanted.spec
-WHERE s.state = 'active' AND s.next_run_at <= clock_timestamp()
+WHERE s.state = 'active' AND s.next_run_at <= clock_timestamp() + make_interval(secs => $3) AND {_NO_LIVE_RUN}
 ORDER BY s.pipeline_id
 FOR UPDATE OF s SKIP LOCKED
 """
@@ -652,102 +662,18 @@ FROM ticked
 """
 
 # Seconds (by the database clock) until the first of schedules $1 (registered with the specs
-# $2) falls due; NULL when none is active. Negative: one is due now (another process holds it).
-NEXT_TICK_IN = """
+# $2) falls due; NULL when none is active and idle. Negative: one is due now (another
+# process holds it).
+NEXT_TICK_IN = f"""
 SELECT extract(epoch FROM min(s.next_run_at) - clock_timestamp()) AS seconds
 FROM agora.schedules AS s
 JOIN unnest($1::text[], $2::text[]) AS wanted(pipeline_id, spec)
   ON s.pipeline_id = wanted.pipeline_id AND s.schedule_spec = wanted.spec
-WHERE s.state = 'active'
-"""
-
-# Take over pipeline $1's run from a worker whose lease expired (it died or lost the
-# database): the run is recorded abandoned and counts as a failed run: the error counter
-# rises, the next run waits the error backoff min(600, error_backoff_seconds * 2^(n-1))
-# (schedules.error_backoff), and at max_consecutive_errors the schedule stops.
-RESCUE_PIPELINE_RUN = f"""
-WITH lost AS (
-    SELECT pipeline_id, lease_owner, lease_run_id, consecutive_errors + 1 AS errors,
-           'WorkerLost: worker ' || lease_owner || ' stopped renewing its lease' AS message
-    FROM agora.schedules
-    WHERE pipeline_id = $1 AND lease_owner IS NOT NULL AND lease_expires_at < clock_timestamp()
-    FOR UPDATE SKIP LOCKED
-), abandoned AS (
-    UPDATE agora.runs AS r
-    SET status = 'abandoned', finished_at = clock_timestamp(), error_type = 'WorkerLost',
-        error_message = lost.message
-    FROM lost
-    WHERE r.status = 'running' AND r.pipeline_id = lost.pipeline_id
-      AND (r.id = lost.lease_run_id OR lost.lease_run_id IS NULL)
-)
-UPDATE agora.schedules AS s
-SET lease_owner = NULL, lease_expires_at = NULL, lease_run_id = NULL, last_status = 'abandoned',
-    last_finished_at = clock_timestamp(), consecutive_errors = lost.errors, last_error = lost.message,
-    next_run_at = clock_timestamp() + make_interval(
-        secs => LEAST({ERROR_BACKOFF_CAP_SECONDS}, s.error_backoff_seconds * power(2, LEAST(lost.errors - 1, 62)))),
-    state = CASE WHEN s.state = 'active' AND lost.errors >= s.max_consecutive_errors THEN 'stopped'
-                 ELSE s.state END
-FROM lost WHERE s.pipeline_id = lost.pipeline_id
-RETURNING {", ".join("s." + c.strip() for c in SCHEDULE_COLUMNS.split(","))}
-"""
-
-# Record the ends of runs and their schedules' new states, fenced on the lease: row i says
-# that worker $2[i] ended run $3[i] of pipeline $1[i]. Its next run is at $8[i], or $10[i]
-# seconds from now by the database clock ($8[i] NULL), or never (both NULL: a once schedule
-# that succeeded). Returns the pipelines whose run was recorded (absent: the lease was lost).
-FINISH_PIPELINE_RUNS = """
-WITH finished AS (
-    SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[], $7::int[],
-                         $8::timestamptz[], $9::text[], $10::float8[], $11::text[])
-        AS t(pipeline_id, worker_id, run_id, status, error_type, error_message, consecutive_errors,
-             next_run_at, state, next_run_in_seconds, traceback)
-), held AS (  -- locked in pipeline order: two such statements never deadlock (a renewal skips locked rows)
-    SELECT s.pipeline_id FROM agora.schedules AS s JOIN finished AS f
-      ON s.pipeline_id = f.pipeline_id AND s.lease_owner = f.worker_id AND s.lease_run_id = f.run_id
-    ORDER BY s.pipeline_id
-    FOR UPDATE OF s
-), released AS (
-    UPDATE agora.schedules AS s
-    SET lease_owner = NULL, lease_expires_at = NULL, lease_run_id = NULL,
-        last_finished_at = clock_timestamp(), last_status = f.status, consecutive_errors = f.consecutive_errors,
-        last_error = f.error_message,
-        next_run_at = COALESCE(f.next_run_at, clock_timestamp() + make_interval(secs => f.next_run_in_seconds)),
-        state = CASE WHEN s.state = 'paused' AND f.state = 'active' THEN 'paused' ELSE f.state END  -- paused meanwhile
-    FROM held JOIN finished AS f ON f.pipeline_id = held.pipeline_id
-    WHERE s.pipeline_id = held.pipeline_id
-    RETURNING f.run_id, f.status, f.error_type, f.error_message, f.traceback
-)
-UPDATE agora.runs AS r
-SET status = released.status, finished_at = clock_timestamp(), error_type = released.error_type,
-    error_message = released.error_message, traceback = released.traceback
-FROM released
-WHERE r.id = released.run_id AND r.status = 'running'
-RETURNING r.pipeline_id
-"""
-
-# Give back run $3 of pipeline $1, cut short at shutdown: recorded cancelled, the lease freed,
-# due again at once.
-RELEASE_PIPELINE_RUN = """
-WITH released AS (
-    UPDATE agora.schedules
-    SET lease_owner = NULL, lease_expires_at = NULL, lease_run_id = NULL, last_status = 'cancelled',
-        next_run_at = CASE WHEN state = 'active' THEN clock_timestamp() ELSE next_run_at END
-    WHERE pipeline_id = $1 AND lease_owner = $2 AND lease_run_id = $3
-    RETURNING pipeline_id
-)
-UPDATE agora.runs AS r
-SET status = 'cancelled', finished_at = clock_timestamp(), error_type = 'WorkerShutdown',
-    error_message = 'WorkerShutdown: cancelled at worker shutdown'
-FROM released
-WHERE r.id = $3 AND r.status = 'running'
-RETURNING r.id
+WHERE s.state = 'active' AND {_NO_LIVE_RUN}
 """
 
 # The database clock.
 DATABASE_NOW = "SELECT clock_timestamp()"
-
-# The database clock when this statement began (paired with the moment it was sent).
-STATEMENT_NOW = "SELECT statement_timestamp()"
 
 # Database liveness for the health server.
 PING = "SELECT 1"
@@ -816,8 +742,6 @@ SELECT retried.* FROM retried, LATERAL (SELECT pg_notify('agora_jobs', retried.q
 # Every schedule, by pipeline id.
 LIST_SCHEDULES = f"SELECT {SCHEDULE_COLUMNS} FROM agora.schedules ORDER BY pipeline_id"
 
-# A changed schedule wakes the workers serving it (payload: the pipeline id).
-SCHEDULES_CHANNEL = "agora_schedules"
 _WAKE_SCHEDULE = f"pg_notify('{SCHEDULES_CHANNEL}', pipeline_id) AS woken"
 
 # Pause schedule $1: no new run starts until it is resumed (a running one finishes).
@@ -840,9 +764,8 @@ RETURNING {SCHEDULE_COLUMNS}, {_WAKE_SCHEDULE}
 
 # Make active, idle schedule $1 due now: it runs once at once, then on its schedule.
 TRIGGER_SCHEDULE = f"""
-UPDATE agora.schedules SET next_run_at = now(), updated_at = now()
-WHERE pipeline_id = $1 AND state = 'active'
-  AND (lease_owner IS NULL OR lease_expires_at < clock_timestamp())
+UPDATE agora.schedules AS s SET next_run_at = now(), updated_at = now()
+WHERE s.pipeline_id = $1 AND s.state = 'active' AND {_NO_LIVE_RUN}
 RETURNING {SCHEDULE_COLUMNS}, {_WAKE_SCHEDULE}
 """
 
@@ -875,10 +798,11 @@ SELECT_CHECKPOINT = "SELECT position::text AS position, source FROM agora.checkp
 
 # Save pipeline $1's source position $2 (JSON) for source $3, by run $4.
 SAVE_CHECKPOINT = """
-INSERT INTO agora.checkpoints (pipeline_id, position, source, run_id, updated_at)
-VALUES ($1, $2::text::jsonb, $3, $4, now())
+INSERT INTO agora.checkpoints (pipeline_id, position, source, run_id, job_id, updated_at)
+VALUES ($1, $2::text::jsonb, $3, $4, $5, now())
 ON CONFLICT (pipeline_id) DO UPDATE
-SET position = EXCLUDED.position, source = EXCLUDED.source, run_id = EXCLUDED.run_id, updated_at = now()
+SET position = EXCLUDED.position, source = EXCLUDED.source, run_id = EXCLUDED.run_id, job_id = EXCLUDED.job_id,
+    updated_at = now()
 """
 
 # Forget pipeline $1's position: its next run reads the source from the start.
@@ -886,13 +810,14 @@ DELETE_CHECKPOINT = "DELETE FROM agora.checkpoints WHERE pipeline_id = $1"
 
 # Record rejected records of pipeline $1, run $2, from parallel arrays (stage, record JSON, error type, message).
 INSERT_DEAD_LETTERS = """
-INSERT INTO agora.dead_letters (pipeline_id, run_id, stage, record, error_type, error_message)
-SELECT $1, $2, stage, record::jsonb, error_type, error_message
-FROM unnest($3::text[], $4::text[], $5::text[], $6::text[]) AS t(stage, record, error_type, error_message)
+INSERT INTO agora.dead_letters (pipeline_id, run_id, job_id, stage, record, error_type, error_message)
+SELECT $1, $2, $3, stage, record::jsonb, error_type, error_message
+FROM unnest($4::text[], $5::text[], $6::text[], $7::text[]) AS t(stage, record, error_type, error_message)
 """
 
 DEAD_LETTER_COLUMNS = (
-    "id, pipeline_id, run_id, stage, record::text AS record, error_type, error_message, created_at, replayed_at"
+    "id, pipeline_id, run_id, job_id, stage, record::text AS record, error_type, error_message, created_at, "
+    "replayed_at"
 )
 
 # Dead letters of pipeline $1 (all pipelines when NULL), waiting for replay unless $2, newest first, at most $3.

@@ -38,53 +38,21 @@ class ScheduleRow:
     last_status: str | None
     last_started_at: datetime | None
     last_finished_at: datetime | None
-    lease_owner: str | None
-    lease_expires_at: datetime | None
     error_backoff_seconds: float
     max_consecutive_errors: int
-    lease_run_id: int | None = None
     job_kind: str | None = None  # a periodic job's kind (None: a pipeline)
+    job_id: int | None = None  # a pipeline's live run (its job, pending or running), if any
+    lease_owner: str | None = None  # the worker running that job
+    lease_expires_at: datetime | None = None  # until when that worker's lease holds
     due_in_seconds: float | None = None
-    lease_left_seconds: float | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> ScheduleRow:
         present = set(row.keys())
         values = {field.name: row[field.name] for field in dataclasses.fields(cls) if field.name in present}
-        for name in ("due_in_seconds", "lease_left_seconds"):
-            if values.get(name) is not None:
-                values[name] = float(values[name])
+        if values.get("due_in_seconds") is not None:
+            values["due_in_seconds"] = float(values["due_in_seconds"])
         return cls(**values)
-
-
-@dataclasses.dataclass(frozen=True)
-class ClaimedRun:
-    """A run this worker now holds the lease for."""
-
-    schedule: ScheduleRow
-    run_id: int
-    scheduled_for: datetime
-    database_now: datetime  # the database clock when the claim statement began
-    sent_at: float  # this host's monotonic clock when it sent that statement
-
-
-@dataclasses.dataclass(frozen=True)
-class RunFinish:
-    """How a run ended and what the schedule becomes. The next run is at ``next_run_at``
-    (a cron tick), else ``next_run_in_seconds`` from now by the database clock, else
-    never (a once schedule that succeeded)."""
-
-    pipeline_id: str
-    worker_id: str
-    run_id: int
-    status: str  # succeeded, failed or abandoned (the lease was lost)
-    error_type: str | None
-    error_message: str | None
-    consecutive_errors: int
-    next_run_at: datetime | None
-    state: str
-    next_run_in_seconds: float | None = None
-    traceback: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,9 +67,11 @@ class DueTick:
 @dataclasses.dataclass(frozen=True)
 class TickJob:
     """What one due tick becomes: a job, and the schedule's next run (None: never again,
-    the schedule is completed)."""
+    the schedule is completed). A pipeline's run (``pipeline_run``) leaves the schedule
+    as it is: the job's end records the run and sets the next one."""
 
     pipeline_id: str
     tick: datetime
     job: JobSpec
     next_run_at: datetime | None
+    pipeline_run: bool = False

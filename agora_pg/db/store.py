@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import datetime
 from typing import Any, cast
@@ -200,13 +199,6 @@ class Store:
         """The database's clock (``clock_timestamp()``)."""
         async with self.connection() as connection:
             return cast(datetime, await connection.fetchval(queries.DATABASE_NOW))
-
-    async def read_database_clock(self) -> tuple[datetime, float]:
-        """A reading of the database clock: the start of a statement by the database,
-        and this host's monotonic time when the statement was sent."""
-        async with self.connection() as connection:
-            sent_at = time.monotonic()
-            return cast(datetime, await connection.fetchval(queries.STATEMENT_NOW)), sent_at
 
     async def database_identity(self) -> tuple[object, ...]:
         """Which server and database this is (``queries.DATABASE_IDENTITY``), asked once."""

@@ -134,11 +134,10 @@ Index(
     "runs_pipeline_tick_idx",
     runs.c.pipeline_id,
     runs.c.scheduled_for,
-    unique=True,
     postgresql_where=text("pipeline_id IS NOT NULL"),
 )
 
-# (migration 0010 sets the table's fillfactor to 50: a run's claim and finish rewrite its row in place)
+# (migration 0010 sets the table's fillfactor to 50: a run's end rewrites its row in place)
 schedules = Table(
     "schedules",
     metadata,
@@ -152,9 +151,6 @@ schedules = Table(
     Column("last_status", Text, nullable=True, comment="Outcome of the last finished run (an agora.runs status)."),
     Column("last_started_at", DateTime(timezone=True), nullable=True, comment="When the last run started."),
     Column("last_finished_at", DateTime(timezone=True), nullable=True, comment="When the last run finished."),
-    Column("lease_owner", Text, nullable=True, comment="Worker running the pipeline now (agora.workers.id)."),
-    Column("lease_expires_at", DateTime(timezone=True), nullable=True, comment="After this, another worker may take the run over."),
-    Column("lease_run_id", BigInteger, nullable=True, comment="The agora.runs row of the run that holds the lease."),
     Column("error_backoff_seconds", Float, nullable=False, server_default=text("60"), comment="Base of the exponential delay after a failed run."),
     Column("max_consecutive_errors", Integer, nullable=False, server_default=text("10"), comment="Failed runs in a row after which the schedule stops."),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=text("now()"), comment="When the pipeline was first registered."),
@@ -162,7 +158,7 @@ schedules = Table(
     Column("job_kind", Text, nullable=True, comment="A periodic job's kind: each tick enqueues one job of it. NULL: the schedule runs a pipeline."),
     CheckConstraint("schedule_kind IN ('every', 'cron', 'continuous', 'once')", name="schedules_kind_check"),
     CheckConstraint("state IN ('active', 'paused', 'stopped', 'completed')", name="schedules_state_check"),
-    comment="One row per scheduled pipeline: its durable schedule state and run lease.",
+    comment="One row per schedule (a pipeline's or a periodic job's): its durable state.",
 )
 
 checkpoints = Table(
@@ -172,6 +168,7 @@ checkpoints = Table(
     Column("position", JSONB, nullable=False, comment="Where the next run resumes: a CSV row count, a SQL key, ..."),
     Column("source", Text, nullable=False, comment="Which source the position belongs to (a changed source starts over)."),
     Column("run_id", BigInteger, nullable=True, comment="The agora.runs row of the run that saved it."),
+    Column("job_id", BigInteger, nullable=True, comment="The agora.jobs row of the run that saved it."),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=text("now()"), comment="When it was saved."),
     comment="The position of each resumable pipeline source, saved with (or right after) each written batch.",
 )
@@ -182,6 +179,7 @@ dead_letters = Table(
     Column("id", BigInteger, Identity(always=False), primary_key=True),
     Column("pipeline_id", Text, nullable=False, comment="The pipeline that rejected the record."),
     Column("run_id", BigInteger, nullable=True, comment="The agora.runs row of that run."),
+    Column("job_id", BigInteger, nullable=True, comment="The agora.jobs row of the run that rejected the record."),
     Column("stage", Text, nullable=False, comment="Which step or sink rejected it, e.g. 'map:parse' or 'sink:database'."),
     Column("record", JSONB, nullable=False, comment="The record as the stage received it."),
     Column("error_type", Text, nullable=False, comment="Class name of the error."),
@@ -208,6 +206,5 @@ workers = Table(
     Column("last_heartbeat_at", DateTime(timezone=True), nullable=False, server_default=text("now()"), comment="Last sign of life."),
     Column("stopped_at", DateTime(timezone=True), nullable=True, comment="When the worker stopped cleanly; NULL while running or after a crash."),
     Column("lease_expires_at", DateTime(timezone=True), nullable=True, comment="Until when the worker's running jobs are its own (renewed by its lease supervisor); after this, other workers rescue them. NULL: the worker holds no worker lease."),
-    Column("runs_pipelines", Boolean, nullable=False, server_default=text("false"), comment="The worker's process runs scheduled pipelines: while its lease is live, it is one of the processes that share the pipelines' ticks."),
     comment="Worker processes and their heartbeats.",
 )

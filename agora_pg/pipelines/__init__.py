@@ -1,11 +1,11 @@
 """Pipelines: ``Pipeline(source, id=...).map(...).filter(...).build(*sinks)``."""
 
 from agora_pg.db.connect import connect_db
+from agora_pg.errors import PipelineInterrupted
 from agora_pg.pipelines.pipeline import (
     BuiltPipeline,
     NothingWritten,
     Pipeline,
-    PipelineInterrupted,
     RunReport,
     TooManyDeadLetters,
 )

@@ -19,7 +19,8 @@ from agora_pg import progress
 from agora_pg.db.connect import resolve_database
 from agora_pg.db.pipeline_state import Checkpoint, DeadLetter, PipelineState
 from agora_pg.db.store import Store
-from agora_pg.errors import AgoraError, DatabaseUnavailable
+from agora_pg.errors import AgoraError, DatabaseUnavailable, PipelineInterrupted
+from agora_pg.jobs import Job
 from agora_pg.pipelines.records import Record, Rejected
 from agora_pg.pipelines.sinks import BatchState, Sink, dead_letter
 from agora_pg.pipelines.sources import Source
@@ -40,18 +41,26 @@ class NothingWritten(AgoraError):
     ``agora.dead_letters`` for a fix and a replay)."""
 
 
-class PipelineInterrupted(AgoraError):
-    """The worker is stopping: a resumable pipeline stopped after its current batch
-    (its position is saved; the next run goes on from there)."""
-
-
 @dataclasses.dataclass(frozen=True)
 class PipelineRun:
-    """The run a pipeline executes in: set by the runner, read by ``BuiltPipeline.run``."""
+    """The run a pipeline executes in: set by the runner, read by ``BuiltPipeline.run``.
+    A scheduled run is a job (``job``); a run outside the scheduler may have a run row."""
 
     store: Store
     run_id: int | None
     stopping: asyncio.Event | None = None  # set when the worker stops: end after the current batch
+    job: Job | None = None
+
+    @property
+    def job_id(self) -> int | None:
+        return None if self.job is None else self.job.id
+
+    @property
+    def name(self) -> str:
+        """How log lines name it."""
+        if self.job is not None:
+            return f" (job {self.job.id})"
+        return f" run {self.run_id}" if self.run_id is not None else ""
 
 
 current_run: contextvars.ContextVar[PipelineRun | None] = contextvars.ContextVar("agora_pipeline_run", default=None)
@@ -138,7 +147,7 @@ class BuiltPipeline:
             async with _run_context() as run:
                 report = await self._run(run)
             if run_span is not None:
-                run_span.set_attributes({"agora.run_id": run.run_id or -1, "records.read": report.read,
+                run_span.set_attributes({"agora.run_id": run.run_id or -1, "agora.job_id": run.job_id or -1, "records.read": report.read,
                                          "records.passed": report.passed,
                                          "records.dead_letters": report.dead_letters})
             return report
@@ -211,7 +220,7 @@ class BuiltPipeline:
                            written=passed - sink_rejected_total)
         await self._report_progress(run, report.read, report.written, report.dead_letters)
         log.info("pipeline %s%s: %d records read, %d written, %d dead-lettered (%d batches)", self.id,
-                 f" run {run.run_id}" if run.run_id is not None else "", report.read, report.written,
+                 run.name, report.read, report.written,
                  report.dead_letters, report.batches)
         if report.written == 0 and report.dead_letters > 0:
             raise NothingWritten(
@@ -222,14 +231,18 @@ class BuiltPipeline:
         return report
 
     async def _report_progress(self, run: PipelineRun, read: int, written: int, rejected: int) -> None:
-        """Store and publish the run's counts so far (a run outside the scheduler has no row)."""
-        if run.run_id is None:
+        """Store and publish the run's counts so far: its job's progress, or its run row's
+        (a run with neither has nowhere to keep them)."""
+        if run.job is None and run.run_id is None:
             return
         document = progress.as_json(progress.pipeline_progress(read, written, rejected, datetime.now(UTC)))
         try:
-            await run.store.runs.report_progress(run.run_id, document)
+            if run.job is not None:
+                await run.store.jobs.report_progress(run.job.locked_by or "", [(run.job.id, run.job.attempt, document)])
+            elif run.run_id is not None:
+                await run.store.runs.report_progress(run.run_id, document)
         except DatabaseUnavailable as error:
-            log.warning("pipeline %s run %s: progress not written: %s", self.id, run.run_id, error)
+            log.warning("pipeline %s%s: progress not written: %s", self.id, run.name, error)
 
     async def _steps(self, records: list[Record]) -> tuple[list[Record], list[Rejected]]:
         kept: list[Record] = []
@@ -268,13 +281,14 @@ class BuiltPipeline:
             await self._to_dead_letter_sink(run, letters)
             letters = []
         if committing is not None:
-            state_in_batch = BatchState(self.id, run.run_id, checkpoint, letters, record_rejects=to_table)
+            state_in_batch = BatchState(self.id, run.run_id, checkpoint, letters, record_rejects=to_table,
+                                        job_id=run.job_id)
             committed_rejects = await committing.write(records, state_in_batch)
             if not to_table:  # right after the batch committed
                 await self._to_dead_letter_sink(run, [dead_letter(item) for item in committed_rejects])
             rejected += committed_rejects
         else:
-            await state.write_batch_state(self.id, run.run_id, checkpoint, letters)
+            await state.write_batch_state(self.id, run.run_id, checkpoint, letters, job_id=run.job_id)
         return rejected
 
     async def _to_dead_letter_sink(self, run: PipelineRun, letters: list[DeadLetter]) -> None:

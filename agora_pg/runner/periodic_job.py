@@ -12,6 +12,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from agora_pg.db.schedule_rows import DueTick, TickJob
 from agora_pg.job_spec import JobSpec
 from agora_pg.schedules import Schedule, ScheduleKind
 
@@ -71,10 +72,23 @@ class PeriodicJob:
         self.error_backoff_seconds = float(error_backoff_seconds)
         self.max_consecutive_errors = max_consecutive_errors
 
+    @property
+    def kind(self) -> str | None:
+        """The kind each tick enqueues (stored on the schedule row)."""
+        return self.job_kind
+
+    def plan(self, due: DueTick) -> TickJob:
+        """The job a due tick enqueues and the schedule's next run, by the database clock."""
+        next_run = self.schedule.next_run_after_success(due.database_now, due.tick)
+        # (from the tick, not the clock: a tick is enqueued a moment before it falls due)
+        after = max(due.database_now, due.tick)
+        return TickJob(self.pipeline_id, due.tick, self.job_for(due.tick), next_run.at_time(after))
+
     def job_for(self, tick: datetime) -> JobSpec:
         """The job one tick enqueues."""
         template = self.template
         when = tick.isoformat()
         return JobSpec(template.kind, {**template.payload, TICK_FIELD: when}, queue=template.queue_name,
                        priority=template.priority, max_retries=template.max_retries,
-                       timeout_seconds=template.timeout_seconds, dedup_key=f"{self.pipeline_id}@{when}")
+                       timeout_seconds=template.timeout_seconds, dedup_key=f"{self.pipeline_id}@{when}",
+                       run_at=tick)

@@ -1,37 +1,24 @@
-"""Wake the pipelines (and the scheduler) of this process when their schedule row changes
-elsewhere (``POST /schedules/{id}/resume`` or ``/trigger``): LISTEN on ``agora_schedules``."""
+"""Wake this process's scheduler when one of its schedule rows changes elsewhere (resumed,
+triggered, or a pipeline's run ended): LISTEN on ``agora_schedules``."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 
 from agora_pg.db import queries
 from agora_pg.db.store import Store
-from agora_pg.runner.scheduled_pipeline import ScheduledPipeline
 from agora_pg.runner.scheduler import Scheduler
 from agora_pg.runtime.database_calls import listen_until
 
 
-async def listen_for_schedule_changes(
-    store: Store, pipelines: Sequence[ScheduledPipeline], stop: asyncio.Event, scheduler: Scheduler | None = None
-) -> None:
-    """Until ``stop``: wake the pipeline (or the scheduler of the periodic job) a
-    notification names. Without the listener (or while it reconnects) both still look at
-    their rows at least every 30 s."""
-    by_id = {pipeline.pipeline_id: pipeline for pipeline in pipelines}
+async def listen_for_schedule_changes(store: Store, scheduler: Scheduler, stop: asyncio.Event) -> None:
+    """Until ``stop``: wake the scheduler when a notification names one of its schedules.
+    Without the listener (or while it reconnects) it still looks at least every
+    ``scheduler.max_wait`` seconds."""
 
     def on_change(pipeline_id: str) -> None:
-        pipeline = by_id.get(pipeline_id)
-        if pipeline is not None:
-            pipeline.wake()
-        elif scheduler is not None and pipeline_id in scheduler.periodic_jobs:
+        if pipeline_id in scheduler.schedules:
             scheduler.wake()
 
-    def wake_all() -> None:  # a change may have come while not listening
-        for pipeline in pipelines:
-            pipeline.wake()
-        if scheduler is not None:
-            scheduler.wake()
-
-    await listen_until(store, {queries.SCHEDULES_CHANNEL: on_change}, stop, wake_all, "LISTEN for schedule changes")
+    await listen_until(store, {queries.SCHEDULES_CHANNEL: on_change}, stop, scheduler.wake,
+                       "LISTEN for schedule changes")

@@ -1,55 +1,35 @@
 """ScheduledPipeline: runs a pipeline factory on a Schedule, with its state in Postgres.
 
-Nothing that matters lives in memory: the next run time, the consecutive error
-counter and who is running the pipeline are columns of ``agora.schedules``.
-Several processes may register the same pipeline; each due run is claimed by
-exactly one of them (``FOR UPDATE SKIP LOCKED`` plus a lease), and a run's end is
-recorded only by the worker that still holds the lease.
+Each run is a job: the process's scheduler turns a due tick into a job of the queue
+``agora:pipelines`` (kind: the pipeline id), and the pool's pipeline worker claims it,
+holds its lease, and runs ``factory()`` then ``run()`` as its handler, like any job's.
+At most one job per pipeline is alive (its dedup key), so runs never overlap. The
+job's end updates the schedule row in the same statement (errors in a row, backoff,
+stop after ``max_consecutive_errors``, the next run), from the row as it is then.
+Nothing that matters lives in memory.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import inspect
-import logging
-import os
 import re
-import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
-from agora_pg.db.connect import resolve_database
-from agora_pg.db.schedule_rows import ClaimedRun, RunFinish, ScheduleRegistration, ScheduleRow
+from agora_pg.db import queries
+from agora_pg.db.schedule_rows import DueTick, ScheduleRow, TickJob
 from agora_pg.db.store import Store
-from agora_pg.errors import AgoraError, DatabaseUnavailable
-from agora_pg.lifecycle import WakeSignal
-from agora_pg.outcomes import Outcome, OutcomeKind, StopReason, outcome_of
-from agora_pg.pipelines.pipeline import PipelineInterrupted, PipelineRun, current_run
-from agora_pg.runner.database_clock import DatabaseClock
-from agora_pg.runner.run_batches import RunBatches
-from agora_pg.runtime.database_calls import StopSignal, retry_database
-from agora_pg.runtime.leases import LeaseSupervisor, LeaseToken, supervising
-from agora_pg.runtime.process import ErrorWait, check_schema, new_worker_id, warn_unknown_settings
+from agora_pg.errors import AgoraError
+from agora_pg.job_spec import JobSpec
+from agora_pg.jobs import Job
+from agora_pg.pipelines.pipeline import PipelineRun, current_run
+from agora_pg.runtime.database_calls import StopSignal
 from agora_pg.runtime.process_metrics import PROCESS_METRICS
-from agora_pg.schedules import NextRun, Schedule, ScheduleKind, error_backoff
-from agora_pg.settings import Settings, load_settings
+from agora_pg.schedules import Schedule
 
-log = logging.getLogger("agora_pg.runner")
-
-MAX_IDLE_WAIT = 30.0  # an idle pipeline looks at its row at least this often
-LEASE_RACE_WAIT = 0.05  # another worker is claiming right now: look again shortly
-# Wake this long after a run is due, so that the database clock (which decides the claim)
-# has passed it too; waking early costs a failed claim and a second look. The estimate
-# of the database clock puts it a little ahead (database_clock.py); this covers that.
-CLOCK_MARGIN = 0.005
-# A pipeline whose next run is due at a known moment wakes this much earlier and asks for
-# its claim to be sent at that moment: the claims of all the pipelines due then go out in
-# one statement, on time, however long their wake-ups took the event loop (a thousand
-# take about 20 ms; 2,000 in each of 3 processes on 2 cores took over 100 ms).
-EARLY_WAKE = 0.3
-RELEASE_TIMEOUT = 5.0  # how long a cancelled run may take to give its lease back
+TICK_FIELD = "scheduled_for"  # the payload key of a run's tick (ISO 8601, UTC)
 
 
 class Runnable(Protocol):
@@ -60,7 +40,6 @@ class Runnable(Protocol):
 
 
 Factory = Callable[[], Awaitable[Runnable] | Runnable]
-T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,53 +136,87 @@ class ScheduledPipeline:
             raise ValueError("error_backoff_seconds must be >= 0")
         if max_consecutive_errors < 1:
             raise ValueError("max_consecutive_errors must be >= 1")
+        JobSpec(pipeline_id, queue=queries.PIPELINE_QUEUE)  # its runs are jobs of this kind: checked now
         self.factory = factory
         self.schedule = schedule
         self.pipeline_id = pipeline_id
         self.error_backoff_seconds = float(error_backoff_seconds)
         self.max_consecutive_errors = max_consecutive_errors
-        self._stop = StopSignal()
-        self._wake = WakeSignal()  # the schedule row changed (resumed, triggered) or stop()
-        self._running = False
-        self._row: ScheduleRow | None = None
+        self.stopping = StopSignal()  # set by stop(): a resumable pipeline ends after its current batch
+        self.running = False
+        self.succeeded_here = False  # a run of this launch succeeded (a once-per-launch schedule is done)
+        self.last_error: BaseException | None = None  # what this launch's last failed run raised
+        self.row: ScheduleRow | None = None  # the schedule row as last read
+        self._stop_pool: Callable[[], None] | None = None  # the pool's stop(), once registered in one
 
     def stop(self) -> None:
-        """Stop after the current run (a sleeping pipeline stops at once)."""
-        self._stop.set()
-        self._wake.set()
-
-    def wake(self) -> None:
-        """Look at the schedule row now instead of at the end of the current wait."""
-        self._wake.set()
+        """Stop after the current run (a resumable pipeline after its current batch), with
+        the ``WorkerPool`` that runs it."""
+        self.stopping.set()
+        if self._stop_pool is not None:
+            self._stop_pool()
 
     @property
     def status(self) -> PipelineStatus:
-        return PipelineStatus.of(self.pipeline_id, self._row, self._running)
+        return PipelineStatus.of(self.pipeline_id, self.row, self.running)
 
     async def start(self) -> None:
-        """Run until stopped, on the database of the environment (or the embedded one)."""
-        warn_unknown_settings()
-        settings = load_settings(os.environ)
-        async with resolve_database(settings) as database:
-            store = Store.open(database, pool_size=2, timeout=settings.database_timeout)
-            try:
-                await check_schema(store)
-                await self.serve(store, new_worker_id(), settings)
-            finally:
-                await store.close()
+        """Run until stopped, on the database of the environment (or the embedded one):
+        a ``WorkerPool`` of this pipeline alone."""
+        from agora_pg.runner.worker_pool import PipelineFailed, WorkerPool
 
-    async def serve(
-        self, store: Store, worker_id: str, settings: Settings, supervisor: LeaseSupervisor | None = None,
-        batches: RunBatches | None = None,
-    ) -> None:
-        """Run on an open Store as ``worker_id`` (a WorkerPool calls this, with its lease
-        supervisor and the run statements its pipelines share; without them, the pipeline
-        runs its own)."""
-        batches = batches or RunBatches(store, worker_id, settings.lease_seconds)
-        async with supervising(supervisor, store.database, worker_id, settings) as leases:
-            runner = _PipelineRunner(self, store, worker_id, leases, batches)
-            if await runner.register():
-                await runner.loop()
+        try:
+            await WorkerPool().register(self).run(handle_signals=False)
+        except PipelineFailed as failed:
+            raise failed.error from None
+
+    def plan(self, due: DueTick) -> TickJob:
+        """The job that runs a due tick: it carries the tick, the spec it was planned
+        under and the next run after a success, which its end writes to the schedule."""
+        payload: dict[str, Any] = {TICK_FIELD: due.tick.isoformat(), "spec": self.schedule.spec}
+        next_run = self.schedule.next_run_after_success(due.database_now, due.tick)
+        if next_run.at is not None:
+            payload["next_at"] = next_run.at.isoformat()
+        elif next_run.in_seconds is not None:
+            payload["next_in_seconds"] = next_run.in_seconds
+        job = JobSpec(self.pipeline_id, payload, queue=queries.PIPELINE_QUEUE, max_retries=0,
+                      dedup_key=queries.PIPELINE_DEDUP_PREFIX + self.pipeline_id, run_at=due.tick)
+        return TickJob(self.pipeline_id, due.tick, job, None, pipeline_run=True)
+
+    async def run_job(self, job: Job, store: Store) -> None:
+        """The handler of this pipeline's jobs: ``factory()``, ``run()``, ``close()``,
+        with the run's checkpoints, dead letters and progress written through ``store``."""
+        tick = job.payload.get(TICK_FIELD)
+        if tick and job.started_at is not None:
+            PROCESS_METRICS.schedule_started(
+                self.pipeline_id, (job.started_at - datetime.fromisoformat(tick)).total_seconds())
+        self.running = True
+        try:
+            await run_pipeline_job(self.factory, job, store, self.stopping)
+        except Exception as error:
+            self.last_error = error
+            raise
+        finally:
+            self.running = False
+        self.succeeded_here = True
+
+
+def pipeline_run_job(pipeline_id: str, when: datetime, **payload: Any) -> JobSpec:
+    """The job of a run of ``pipeline_id`` outside its schedule (``agora-pg run``), due
+    now: it changes no schedule, and it waits for no run of that pipeline in flight (the
+    dedup key refuses it; ``when`` is its ``scheduled_for``)."""
+    return JobSpec(pipeline_id, {TICK_FIELD: when.isoformat(), **payload}, queue=queries.PIPELINE_QUEUE,
+                   max_retries=0, dedup_key=queries.PIPELINE_DEDUP_PREFIX + pipeline_id)
+
+
+async def run_pipeline_job(factory: Factory, job: Job, store: Store, stopping: StopSignal | None = None) -> None:
+    """Run ``factory``'s pipeline as ``job`` (its checkpoints, dead letters and progress
+    name the job; ``stopping`` ends a resumable one after its current batch)."""
+    token = current_run.set(PipelineRun(store, None, stopping, job))
+    try:
+        await _run_pipeline(factory)
+    finally:
+        current_run.reset(token)
 
 
 class RunAbandoned(AgoraError):
@@ -224,288 +237,6 @@ class ScheduleStopped(AgoraError):
         self.pipeline_id = pipeline_id
         self.consecutive_errors = consecutive_errors
         self.last_error = last_error
-
-
-class _PipelineRunner:
-    """One ScheduledPipeline serving in one process."""
-
-    def __init__(
-        self, pipeline: ScheduledPipeline, store: Store, worker_id: str, supervisor: LeaseSupervisor,
-        batches: RunBatches,
-    ) -> None:
-        self.pipeline = pipeline
-        self.store = store
-        self.batches = batches
-        self.worker_id = worker_id
-        self.supervisor = supervisor
-        self.spec = pipeline.schedule.spec
-        self.what = f"pipeline {pipeline.pipeline_id}"
-        self._due_at = 0.0  # time.monotonic() when the run waited for is due (0: claim at once)
-
-    async def _call(self, call: Callable[[], Awaitable[T]], what: str, stop: asyncio.Event | None = None) -> T:
-        """A database call, retried while the database is unavailable, until the pipeline stops."""
-        return await retry_database(call, what=f"{self.what}: {what}", stop=stop or self.pipeline._stop, first_wait=0.5)
-
-    async def register(self) -> bool:
-        """Register the schedule; False if the pipeline was stopped before the database answered."""
-        pipeline = self.pipeline
-        try:
-            # a cron schedule's first tick is the next after the database's clock, not this host's
-            first_run_at = (pipeline.schedule.first_run_at(await self._call(self.store.database_now,
-                                                                            "reading the database clock"))
-                            if pipeline.schedule.kind is ScheduleKind.CRON else None)
-        except DatabaseUnavailable:
-            return False
-        registration = ScheduleRegistration(
-            pipeline_id=pipeline.pipeline_id,
-            kind=pipeline.schedule.kind.value,
-            spec=self.spec,
-            first_run_at=first_run_at,
-            error_backoff_seconds=pipeline.error_backoff_seconds,
-            max_consecutive_errors=pipeline.max_consecutive_errors,
-            new_launch=pipeline.schedule.once_per_launch,
-        )
-        try:
-            pipeline._row = await self._call(lambda: self.store.schedules.upsert(registration), "registering")
-        except DatabaseUnavailable:
-            return False
-        log.info(
-            "pipeline %s registered: %s, state %s, next run %s",
-            pipeline.pipeline_id, self.spec, pipeline._row.state, pipeline._row.next_run_at,
-        )
-        return True
-
-    async def loop(self) -> None:
-        pipeline = self.pipeline
-        pause = ErrorWait(0.5)
-        while not pipeline._stop.is_set():
-            pipeline._wake.clear()  # before reading the row: a change from now on wakes the wait below
-            try:
-                wait = await self._step()
-                pause.reset()
-            except DatabaseUnavailable:
-                return  # stopped while the database was away
-            except _ScheduleStopped as stopped:
-                raise stopped.error from None
-            except Exception:  # the loop never ends on agora-pg's own errors: it waits and looks again
-                wait = pause.next()
-                log.exception("%s: looking at its schedule failed; again in %.1fs", self.what, wait)
-            if wait is None:
-                return
-            if await pipeline._wake.wait(min(max(wait, 0.0), MAX_IDLE_WAIT)):
-                self._due_at = 0.0  # woken by a trigger, a resume or a stop: look at once
-
-    async def _step(self) -> float | None:
-        """Claim and run the due run, or look at the schedule; returns how long to wait
-        before the next look (None: this pipeline is done)."""
-        pipeline = self.pipeline
-        claimed_at = time.monotonic()
-        due_at, self._due_at = self._due_at, 0.0
-        not_before = due_at if due_at - claimed_at < 2 * EARLY_WAKE else 0.0
-        claimed = await self._call(
-            lambda: self.batches.claim(pipeline.pipeline_id, self.spec, not_before),
-            "claiming its run",
-        )
-        self.batches.pipeline_ready(pipeline.pipeline_id)
-        if claimed is not None:
-            clock = self.batches.clock  # (read by this claim)
-            next_run = await self.run_once(claimed, claimed_at, clock)
-            if next_run is None:
-                return None  # a once schedule that succeeded
-            return self._until_due((next_run - clock.now()).total_seconds() + CLOCK_MARGIN)
-        await self._call(self.batches.read_clock, "reading the database clock")
-        row = await self._call(lambda: self.batches.read_schedule(pipeline.pipeline_id), "reading its schedule")
-        if row is None:  # deleted by hand: register again
-            return 0.0 if await self.register() else None
-        if row.lease_owner not in (None, self.worker_id) and (row.lease_left_seconds or 0.0) < 0:
-            if await self._rescue() is not None:
-                return 0.0  # look again at once: due after the error backoff
-        pipeline._row = row
-        if row.schedule_spec == self.spec and row.state == "stopped":
-            raise _ScheduleStopped(ScheduleStopped(pipeline.pipeline_id, row.consecutive_errors, row.last_error))
-        if row.state == "completed" and row.schedule_spec == self.spec:
-            if pipeline.schedule.once_per_launch:  # another launch ran it meanwhile: this one runs it too
-                again = await self._call(lambda: self.store.schedules.launch_once_again(pipeline.pipeline_id, self.spec),
-                                         "launching its once schedule again")
-                pipeline._row = again or row
-                return 0.0
-            log.info("pipeline %s has completed its once schedule (%s); not running it again",
-                     pipeline.pipeline_id, self.spec)
-            return None
-        return self._idle_wait(row)
-
-    async def _rescue(self) -> ScheduleRow | None:
-        """Take the run over from a worker whose lease expired: counted as a failed run."""
-        pipeline = self.pipeline
-        row = await self._call(lambda: self.store.schedules.rescue_run(pipeline.pipeline_id), "taking over its run")
-        if row is None:
-            return None
-        pipeline._row = row
-        log.error("pipeline %s: %s; counted as a failed run (%d in a row)", pipeline.pipeline_id, row.last_error,
-                  row.consecutive_errors)
-        if row.state == "stopped":
-            raise _ScheduleStopped(RunAbandoned(f"{row.last_error} ({row.consecutive_errors} failed runs in a row)"))
-        return row
-
-    def _idle_wait(self, row: ScheduleRow) -> float:
-        if row.state != "active" or row.schedule_spec != self.spec or row.due_in_seconds is None:
-            return MAX_IDLE_WAIT
-        if row.lease_owner is not None and row.lease_left_seconds is not None:
-            return min(max(row.lease_left_seconds, LEASE_RACE_WAIT), MAX_IDLE_WAIT)
-        if row.due_in_seconds > 0:  # not due yet by the database clock
-            # By the process's clock when it has been read (the pipelines due at one moment
-            # then wake together); due_in_seconds was late by the time its reply took.
-            due_in = row.due_in_seconds
-            if self.batches.clock.read and row.next_run_at is not None:
-                estimate = (row.next_run_at - self.batches.clock.now()).total_seconds()
-                due_in = estimate if estimate > 0 else due_in
-            return self._until_due(due_in + CLOCK_MARGIN) if due_in + CLOCK_MARGIN < MAX_IDLE_WAIT else MAX_IDLE_WAIT
-        return LEASE_RACE_WAIT  # due and unleased: another worker is claiming it right now
-
-    def _until_due(self, seconds: float) -> float:
-        """The wait before a run due in ``seconds``: until ``EARLY_WAKE`` before it (the
-        claim then waits in the batch for the moment itself)."""
-        self._due_at = time.monotonic() + seconds
-        return max(seconds - EARLY_WAKE, 0.0)
-
-    async def run_once(self, claimed: ClaimedRun, claimed_at: float, clock: DatabaseClock) -> datetime | None:
-        """Run the claimed tick under its lease, record it, and return the next run time.
-        Raises the run's error when it stops the schedule."""
-        pipeline = self.pipeline
-        pipeline._row = claimed.schedule
-        PROCESS_METRICS.schedule_started(pipeline.pipeline_id,
-                                         (claimed.database_now - claimed.scheduled_for).total_seconds())
-        pipeline._running = True
-        token = LeaseToken("run", pipeline.pipeline_id, claimed.run_id)
-        # The run's checkpoints and dead letters go through this store; a stop request
-        # ends a resumable pipeline after its current batch.
-        run_token = current_run.set(PipelineRun(self.store, claimed.run_id, pipeline._stop))
-        try:
-            execution = asyncio.create_task(_run_pipeline(pipeline.factory), name=f"pipeline-{pipeline.pipeline_id}")
-        finally:
-            current_run.reset(run_token)
-
-        holder = _RunHolder(token, execution, f"pipeline {pipeline.pipeline_id} (run {claimed.run_id})")
-        self.supervisor.hold([holder], claimed_at)
-        try:
-            error = await _outcome_error(execution)
-        except asyncio.CancelledError:  # the pool force-cancels at the end of its grace period
-            execution.cancel()
-            await asyncio.wait([execution], timeout=RELEASE_TIMEOUT)
-            await self._release(claimed)
-            self.supervisor.release([holder])
-            raise
-        finally:
-            pipeline._running = False
-        if isinstance(error, PipelineInterrupted):
-            log.info("%s", error)
-            await self._release(claimed)
-            self.supervisor.release([holder])
-            return None
-        outcome = outcome_of(error, holder.stop_reason)
-        finish = self._finish(claimed, outcome, clock)
-        try:
-            recorded = await self._call(lambda: self.batches.finish(finish), "recording its run",
-                                        stop=holder.lease_lost)
-        except DatabaseUnavailable:
-            recorded = False
-        except Exception:
-            log.exception("%s: recording run %s failed; its lease will expire", self.what, claimed.run_id)
-            recorded = False
-        finally:
-            self.supervisor.release([holder])
-        if not recorded:
-            log.warning("pipeline %s: run %s was taken over by another worker; outcome not recorded",
-                        pipeline.pipeline_id, claimed.run_id)
-        pipeline._row = dataclasses.replace(
-            claimed.schedule, state=finish.state, next_run_at=finish.next_run_at or NextRun(
-                in_seconds=finish.next_run_in_seconds).at_time(clock.now()),
-            consecutive_errors=finish.consecutive_errors, last_error=finish.error_message,
-            last_status=finish.status, last_finished_at=clock.now(), lease_owner=None,
-        )
-        if outcome.kind is not OutcomeKind.SUCCEEDED:
-            log.error("pipeline %s run failed (%d in a row): %s", pipeline.pipeline_id,
-                      finish.consecutive_errors, finish.error_message)
-            if outcome.traceback:
-                log.warning("pipeline %s run %s:\n%s", pipeline.pipeline_id, claimed.run_id, outcome.traceback)
-            if finish.state == "stopped":
-                last = error if isinstance(error, Exception) else RunAbandoned(finish.error_message or "run failed")
-                raise _ScheduleStopped(last)
-        return pipeline._row.next_run_at
-
-    def _finish(self, claimed: ClaimedRun, outcome: Outcome, clock: DatabaseClock) -> RunFinish:
-        pipeline = self.pipeline
-        if outcome.kind is OutcomeKind.SUCCEEDED:
-            errors = 0
-            next_run = pipeline.schedule.next_run_after_success(clock.now(), claimed.scheduled_for)
-            state = "completed" if next_run.at is None and next_run.in_seconds is None else "active"
-        else:
-            errors = claimed.schedule.consecutive_errors + 1
-            next_run = NextRun(in_seconds=error_backoff(errors, pipeline.error_backoff_seconds))
-            state = "stopped" if errors >= pipeline.max_consecutive_errors else "active"
-        return RunFinish(
-            pipeline_id=pipeline.pipeline_id, worker_id=self.worker_id, run_id=claimed.run_id,
-            status=outcome.run_status, error_type=outcome.error_type, error_message=outcome.error_message,
-            consecutive_errors=errors, next_run_at=next_run.at, state=state,
-            next_run_in_seconds=next_run.in_seconds, traceback=outcome.traceback,
-        )
-
-    async def _release(self, claimed: ClaimedRun) -> None:
-        """Record the cancelled run and free the lease; bounded, since the process is stopping
-        (if the database does not answer in time, the lease simply expires)."""
-        try:
-            await asyncio.wait_for(
-                self.store.schedules.release_run(self.pipeline.pipeline_id, self.worker_id, claimed.run_id),
-                RELEASE_TIMEOUT,
-            )
-            log.warning("pipeline %s: run cancelled at shutdown and released", self.pipeline.pipeline_id)
-        except (DatabaseUnavailable, TimeoutError) as error:
-            log.warning("pipeline %s: releasing the run at shutdown: %s", self.pipeline.pipeline_id,
-                        error or "no answer in time")
-        except Exception:
-            log.exception("pipeline %s: releasing the run at shutdown failed", self.pipeline.pipeline_id)
-
-
-class _RunHolder:
-    """A pipeline run as the lease supervisor sees it (a ``LeaseHolder``)."""
-
-    def __init__(self, token: LeaseToken, task: asyncio.Task[None], description: str) -> None:
-        self.token = token
-        self.task = task
-        self.description = description
-        self.stop_reason: StopReason | None = None  # the first reason it was stopped for
-        self.lease_lost = asyncio.Event()  # another worker holds it: stop trying to record it
-        self.fence_at = 0.0  # the lease supervisor's bookkeeping (LeaseHolder)
-        self.stopped_for: tuple[StopReason, ...] = ()
-
-    def stop(self, reason: StopReason) -> None:
-        self.stop_reason = self.stop_reason or reason
-        if reason is StopReason.LEASE_LOST:
-            self.lease_lost.set()
-        self.task.cancel()
-
-
-class _ScheduleStopped(Exception):
-    """The schedule stopped after ``max_consecutive_errors``; ``error`` is the last one."""
-
-    def __init__(self, error: Exception) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
-async def _outcome_error(execution: asyncio.Task[None]) -> BaseException | None:
-    """Wait for the run; what it raised (its own CancelledError included), or None."""
-    try:
-        await asyncio.shield(execution)
-    except asyncio.CancelledError:
-        if not execution.done():
-            raise  # the waiter itself was cancelled
-        return asyncio.CancelledError() if execution.cancelled() else execution.exception()
-    except BaseException as error:
-        if isinstance(error, KeyboardInterrupt | SystemExit):
-            raise
-        return error
-    return None
 
 
 async def _run_pipeline(factory: Factory) -> None:

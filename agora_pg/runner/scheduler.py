@@ -1,11 +1,13 @@
 """The scheduler: one per process, it turns the due ticks of the process's periodic jobs
-into ordinary jobs.
+and scheduled pipelines into ordinary jobs.
 
 ``run_once()`` is one pass, one transaction: the due schedule rows are locked (another
-process's scheduler skips them), each tick becomes a job whose dedup key names the tick,
-each schedule is advanced to its next run and each tick is recorded as a run. A crash,
-a lost connection or a lost reply leaves either all of that or none of it, so no tick is
-enqueued twice and none is lost. ``run()`` repeats it, sleeping until the next tick
+process's scheduler skips them) and each tick becomes a job. A periodic job's tick gets
+a dedup key that names it, its schedule is advanced to its next run and the tick is
+recorded as a run; a pipeline's tick becomes the pipeline's one live job (dedup key
+``pipeline:<id>``), and its end sets the next run (a pipeline with a live job is not
+due). A crash, a lost connection or a lost reply leaves either all of that or none of
+it, so no tick is enqueued twice and none is lost. ``run()`` repeats it, sleeping until the next tick
 falls due by the database's clock (at most ``MAX_WAIT``), woken at once when a schedule
 is resumed or triggered. Every time comes from the database's clock, the first tick of
 a new cron schedule included.
@@ -18,12 +20,13 @@ import dataclasses
 import logging
 from collections.abc import Sequence
 
-from agora_pg.db.schedule_rows import DueTick, ScheduleRegistration, ScheduleRow, TickJob
+from agora_pg.db.schedule_rows import ScheduleRegistration, ScheduleRow, TickJob
 from agora_pg.db.store import Store
 from agora_pg.errors import DatabaseUnavailable
 from agora_pg.jobs import Job
 from agora_pg.lifecycle import WakeSignal
 from agora_pg.runner.periodic_job import PeriodicJob
+from agora_pg.runner.scheduled_pipeline import ScheduledPipeline
 from agora_pg.runtime.database_calls import Stopped, retry_database
 from agora_pg.runtime.process import ErrorWait
 
@@ -31,6 +34,11 @@ log = logging.getLogger("agora_pg.runner")
 
 MAX_WAIT = 30.0  # an idle scheduler looks at its schedules at least this often
 MIN_WAIT = 0.05  # a tick due now that another process is enqueueing: look again shortly
+# Ticks are enqueued this long before they fall due, as jobs due at the tick: at the tick
+# only their promotion (by the workers' promoters) and claim remain, not the scheduler's
+# whole pass (a thousand pipelines due at one minute: 45 ms of planning and inserting).
+AHEAD_SECONDS = 0.2
+CLOCK_MARGIN = 0.003  # wake this long after AHEAD_SECONDS before a tick
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,54 +51,69 @@ class SchedulerPass:
 
 
 class Scheduler:
-    """Enqueues the ticks of ``periodic_jobs`` as ``worker_id``; see the module docstring."""
+    """Enqueues the ticks of ``schedules`` (periodic jobs and scheduled pipelines) as
+    ``worker_id``; see the module docstring. ``max_wait``: the longest sleep between
+    passes (shorter when no notification will wake it)."""
 
-    def __init__(self, store: Store, worker_id: str, periodic_jobs: Sequence[PeriodicJob]) -> None:
+    def __init__(
+        self, store: Store, worker_id: str, schedules: Sequence[PeriodicJob | ScheduledPipeline],
+        max_wait: float = MAX_WAIT,
+    ) -> None:
         self.store = store
         self.worker_id = worker_id
-        self.periodic_jobs = {periodic.pipeline_id: periodic for periodic in periodic_jobs}
-        self.wanted = [(periodic.pipeline_id, periodic.schedule.spec) for periodic in periodic_jobs]
+        self.schedules = {item.pipeline_id: item for item in schedules}
+        self.wanted = [(item.pipeline_id, item.schedule.spec) for item in schedules]
+        self.max_wait = max_wait
         self.rows: dict[str, ScheduleRow] = {}  # the schedules as last read, for the health server
+        self.passed = asyncio.Event()  # set after each pass that read the rows (the pool watches them)
         self._wake = WakeSignal()
 
     def wake(self) -> None:
-        """Look at the schedules now (one was resumed or triggered)."""
+        """Look at the schedules now (one was resumed, triggered, or a run ended)."""
         self._wake.set()
 
     async def register(self) -> None:
         """Create or update each schedule's row: a changed spec takes effect now, a new cron
         schedule's first tick is the next after the database's clock."""
         now = await self.store.database_now()
-        for periodic in self.periodic_jobs.values():
-            schedule = periodic.schedule
-            self.rows[periodic.pipeline_id] = await self.store.schedules.upsert(ScheduleRegistration(
-                pipeline_id=periodic.pipeline_id, kind=schedule.kind.value, spec=schedule.spec,
-                first_run_at=schedule.first_run_at(now), error_backoff_seconds=periodic.error_backoff_seconds,
-                max_consecutive_errors=periodic.max_consecutive_errors, new_launch=schedule.once_per_launch,
-                job_kind=periodic.job_kind,
+        for item in self.schedules.values():
+            schedule = item.schedule
+            self.rows[item.pipeline_id] = row = await self.store.schedules.upsert(ScheduleRegistration(
+                pipeline_id=item.pipeline_id, kind=schedule.kind.value, spec=schedule.spec,
+                first_run_at=schedule.first_run_at(now), error_backoff_seconds=item.error_backoff_seconds,
+                max_consecutive_errors=item.max_consecutive_errors, new_launch=schedule.once_per_launch,
+                job_kind=item.job_kind if isinstance(item, PeriodicJob) else None,
             ))
-
-    def plan(self, due: DueTick) -> TickJob:
-        """The job a due tick enqueues and the schedule's next run, by the database clock."""
-        periodic = self.periodic_jobs[due.pipeline_id]
-        next_run = periodic.schedule.next_run_after_success(due.database_now, due.tick)
-        return TickJob(due.pipeline_id, due.tick, periodic.job_for(due.tick), next_run.at_time(due.database_now))
+            if isinstance(item, ScheduledPipeline):
+                item.row = row
+                log.info("pipeline %s registered: %s, state %s, next run %s", item.pipeline_id, schedule.spec,
+                         row.state, row.next_run_at)
 
     async def run_once(self) -> SchedulerPass:
         """Enqueue every due tick; returns what was enqueued and how long to wait."""
-        enqueued = await self.store.schedules.enqueue_due_ticks(self.wanted, self.plan, self.worker_id)
+        enqueued = await self.store.schedules.enqueue_due_ticks(
+            self.wanted, lambda due: self.schedules[due.pipeline_id].plan(due), self.worker_id, AHEAD_SECONDS)
         for tick, job in enqueued:
-            log.info("periodic job %s: tick %s enqueued job %d (kind %r)", tick.pipeline_id, tick.tick.isoformat(),
-                     job.id, job.kind)
+            what = "pipeline" if tick.pipeline_run else "periodic job"
+            log.info("%s %s: tick %s enqueued job %d", what, tick.pipeline_id, tick.tick.isoformat(), job.id)
         due_in = await self.store.schedules.next_tick_in(self.wanted)
-        self.rows = await self.store.schedules.get_many(list(self.periodic_jobs))
-        wait = MAX_WAIT if due_in is None else min(max(due_in, MIN_WAIT), MAX_WAIT)
+        self.rows = await self.store.schedules.get_many(list(self.schedules))
+        for pipeline_id, row in self.rows.items():
+            item = self.schedules[pipeline_id]
+            if isinstance(item, ScheduledPipeline):
+                item.row = row
+        self.passed.set()
+        if due_in is None:
+            wait = self.max_wait
+        else:  # (a moment late by the database's clock: a wake a moment early finds nothing due)
+            ahead = due_in - AHEAD_SECONDS
+            wait = min(ahead + CLOCK_MARGIN if ahead > 0 else MIN_WAIT, self.max_wait)
         return SchedulerPass(enqueued, wait)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Register, then pass after pass until ``stop``; database errors are waited out."""
         try:
-            await retry_database(self.register, what="registering periodic jobs", stop=stop)
+            await retry_database(self.register, what="registering schedules", stop=stop)
         except (Stopped, DatabaseUnavailable):
             return
         pause = ErrorWait(0.5)
@@ -101,8 +124,8 @@ class Scheduler:
                 pause.reset()
             except DatabaseUnavailable as error:
                 wait = pause.next()
-                log.warning("enqueueing periodic jobs: %s; retrying in %.1fs", error, wait)
+                log.warning("enqueueing scheduled runs: %s; retrying in %.1fs", error, wait)
             except Exception:  # the loop never ends on an error: it waits and looks again
                 wait = pause.next()
-                log.exception("enqueueing periodic jobs failed; retrying in %.1fs", wait)
+                log.exception("enqueueing scheduled runs failed; retrying in %.1fs", wait)
             await self._wake.wait(wait)

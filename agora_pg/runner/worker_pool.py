@@ -1,10 +1,12 @@
-"""WorkerPool: runs ScheduledPipelines and the job worker in one process.
+"""WorkerPool: runs ScheduledPipelines, PeriodicJobs and the job worker in one process.
 
-The process lifecycle lives here: the first SIGINT/SIGTERM sets the shutdown
-event and stops every pipeline (sleeping ones exit at once, running ones finish
-their run) and the job worker; the pool waits up to
-``graceful_shutdown_timeout``, then force-cancels what is left. A second signal
-cancels at once.
+A pool's scheduler turns the due ticks of its schedules into jobs; a pipeline's runs
+are claimed by the pool's pipeline worker (a job ``Worker`` of the queue
+``agora:pipelines`` that claims only this pool's pipelines, one run of each at a time).
+The process lifecycle lives here: the first SIGINT/SIGTERM stops the scheduler, every
+pipeline (a running one finishes its run; a resumable one after its current batch) and
+the job worker; running work gets ``graceful_shutdown_timeout``, then is cut short (a
+pipeline's run so cut is due again at once). A second signal cancels at once.
 """
 
 from __future__ import annotations
@@ -13,9 +15,9 @@ import asyncio
 import contextlib
 import logging
 import os
-import socket
 from typing import Any
 
+from agora_pg.db import queries
 from agora_pg.db.connect import resolve_database
 from agora_pg.db.store import Store
 from agora_pg.errors import AgoraError, DatabaseUnavailable
@@ -23,10 +25,9 @@ from agora_pg.lifecycle import shutdown_signals, wait_tasks_or_event
 from agora_pg.outcomes import describe_error
 from agora_pg.runner.health import DEFAULT_HOST, HealthServer
 from agora_pg.runner.periodic_job import PeriodicJob
-from agora_pg.runner.run_batches import RunBatches
 from agora_pg.runner.schedule_listener import listen_for_schedule_changes
-from agora_pg.runner.scheduled_pipeline import PipelineStatus, ScheduledPipeline, ScheduleStopped
-from agora_pg.runner.scheduler import Scheduler
+from agora_pg.runner.scheduled_pipeline import PipelineStatus, RunAbandoned, ScheduledPipeline, ScheduleStopped
+from agora_pg.runner.scheduler import MAX_WAIT, Scheduler
 from agora_pg.runtime.database_calls import StopSignal
 from agora_pg.runtime.leases import LeaseSupervisor, supervising
 from agora_pg.runtime.process import check_schema, new_worker_id, warn_unknown_settings
@@ -52,7 +53,7 @@ class PipelineFailed(AgoraError):
 
 
 class JobWorkerStopped(AgoraError):
-    """The pool's job worker ended without being asked to; the pool shut down."""
+    """The pool's job worker (or pipeline worker) ended without being asked to; the pool shut down."""
 
 
 class WorkerPool:
@@ -79,6 +80,7 @@ class WorkerPool:
         self.pipelines: list[ScheduledPipeline] = []
         self.periodic_jobs: list[PeriodicJob] = []
         self.job_worker: Worker | None = None
+        self.pipeline_worker: Worker | None = None
         self.scheduler: Scheduler | None = None
         self.health: HealthServer | None = None
         self._stopping = StopSignal()
@@ -99,6 +101,7 @@ class WorkerPool:
                 self.periodic_jobs.append(item)
             else:
                 self.pipelines.append(item)
+                item._stop_pool = self.stop  # its stop() stops the pool
         else:
             raise TypeError(f"register() takes a ScheduledPipeline, a PeriodicJob or a Worker, "
                             f"got {type(item).__name__}")
@@ -106,20 +109,25 @@ class WorkerPool:
 
     def stop(self) -> None:
         """Begin a graceful shutdown."""
+        if self._stopping.is_set():
+            return
         self._stopping.set()
         if self.scheduler is not None:
             self.scheduler.wake()
         for pipeline in self.pipelines:
             pipeline.stop()
-        if self.job_worker is not None:
-            self.job_worker.stop()
+        for worker in self._workers():
+            worker.stop()
 
     def abort(self) -> None:
         """Skip the graceful wait: cancel everything now."""
         self._aborting.set()
-        if self.job_worker is not None:
-            self.job_worker.abort()
+        for worker in self._workers():
+            worker.abort()
         self.stop()
+
+    def _workers(self) -> list[Worker]:
+        return [worker for worker in (self.job_worker, self.pipeline_worker) if worker is not None]
 
     async def run(self, *, handle_signals: bool = True) -> None:
         """Run until shutdown; raises ``PipelineFailed`` if a pipeline stopped for errors
@@ -146,40 +154,34 @@ class WorkerPool:
 
     async def _serve(self, store: Store, settings: Settings) -> None:
         worker_id = self.job_worker.id if self.job_worker is not None else new_worker_id()
-        try:
-            async with supervising(None, store.database, worker_id, settings) as supervisor:
-                await self._serve_with(store, settings, worker_id, supervisor)
-        finally:
-            if self.pipelines and self.job_worker is None:  # (a job worker records its own stop)
-                await self._record_stop(store, worker_id)
+        async with supervising(None, store.database, worker_id, settings) as supervisor:
+            await self._serve_with(store, settings, worker_id, supervisor)
 
     async def _serve_with(self, store: Store, settings: Settings, worker_id: str, supervisor: LeaseSupervisor) -> None:
         if self.health_port is not None:  # first: a port in use stops the pool before anything runs
             self.health = HealthServer(self.health_port, self._live, self._ready, self.health_host, self._metrics)
             await self.health.start()
-        tasks: dict[asyncio.Task[Any], ScheduledPipeline | Worker] = {}
-        batches = RunBatches(store, worker_id, settings.lease_seconds)  # run claims and finishes, many per statement
-        for pipeline in self.pipelines:
-            serving = pipeline.serve(store, worker_id, settings, supervisor, batches)
-            tasks[asyncio.create_task(serving, name=pipeline.pipeline_id)] = pipeline
+        worker_settings = settings.replace(shutdown_timeout=self.graceful_shutdown_timeout)
+        tasks: dict[asyncio.Task[Any], Worker] = {}
         if self.job_worker is not None:
-            worker_settings = settings.replace(shutdown_timeout=self.graceful_shutdown_timeout)
             serving = self.job_worker.serve(store, worker_settings, supervisor)
             tasks[asyncio.create_task(serving, name="jobs")] = self.job_worker
-        sharing = (
-            asyncio.create_task(batches.share_ticks(socket.gethostname(), os.getpid(), len(self.pipelines)),
-                                name="tick-shares")
-            if self.pipelines else None
-        )
+        if self.pipelines:
+            self.pipeline_worker = self._pipeline_worker(store)
+            # one run of each pipeline at a time, as long as it runs; no pruning (the job worker's)
+            pipeline_settings = worker_settings.replace(
+                queues=(queries.PIPELINE_QUEUE,), concurrency=len(self.pipelines), job_timeout=None, retention=None)
+            serving = self.pipeline_worker.serve(store, pipeline_settings)
+            tasks[asyncio.create_task(serving, name="pipelines")] = self.pipeline_worker
         scheduling = None
-        if self.periodic_jobs:
-            self.scheduler = Scheduler(store, worker_id, self.periodic_jobs)
+        if self.pipelines or self.periodic_jobs:
+            self.scheduler = Scheduler(store, worker_id, [*self.pipelines, *self.periodic_jobs],
+                                       MAX_WAIT if settings.notifications else settings.poll_seconds)
             scheduling = asyncio.create_task(self.scheduler.run(self._stopping), name="scheduler")
         listener_stop = asyncio.Event()
         listener = (
-            asyncio.create_task(listen_for_schedule_changes(store, self.pipelines, listener_stop, self.scheduler),
-                                name="schedules")
-            if (self.pipelines or self.periodic_jobs) and settings.notifications else None
+            asyncio.create_task(listen_for_schedule_changes(store, self.scheduler, listener_stop), name="schedules")
+            if self.scheduler is not None and settings.notifications else None
         )
         failure: AgoraError | None = None
         try:
@@ -190,9 +192,6 @@ class WorkerPool:
                 self.stop()  # (a failure may end the pool before a stop was asked for)
                 await asyncio.wait([scheduling], timeout=5)
                 scheduling.cancel()
-            if sharing is not None:
-                sharing.cancel()
-                await asyncio.gather(sharing, return_exceptions=True)
             listener_stop.set()
             if listener is not None:
                 await asyncio.wait([listener], timeout=5)
@@ -203,63 +202,79 @@ class WorkerPool:
             log.error("%s", failure)
             raise failure
 
-    @staticmethod
-    async def _record_stop(store: Store, worker_id: str) -> None:
-        """A clean stop gives up the worker lease, so the peers take this process's share
-        of the ticks at once (not once the lease has passed)."""
-        try:
-            await store.workers.stop(worker_id)
-        except Exception as error:  # (in a finally: the error that stopped the pool, if any, stands)
-            log.warning("recording the stop of %s failed (its lease will pass): %s", worker_id, error)
+    def _pipeline_worker(self, store: Store) -> Worker:
+        """The job worker that runs this pool's pipelines: each pipeline's jobs, no other."""
+        worker = Worker({pipeline.pipeline_id: pipeline.run_job for pipeline in self.pipelines}, resources=store)
+        worker.claim_kinds = tuple(pipeline.pipeline_id for pipeline in self.pipelines)
+        return worker
 
-    async def _watch(self, tasks: dict[asyncio.Task[Any], ScheduledPipeline | Worker]) -> AgoraError | None:
-        """Wait for a shutdown signal, the end of every task, or a terminal error."""
-        failure: AgoraError | None = None
+    async def _watch(self, tasks: dict[asyncio.Task[Any], Worker]) -> AgoraError | None:
+        """Wait for a shutdown signal, a worker's end, a pipeline's stop after too many
+        errors, or (with no job worker and no periodic job) the end of every pipeline."""
         stopper: asyncio.Task[Any] = asyncio.create_task(self._stopping.wait())
-        pending: set[asyncio.Task[Any]] = set(tasks)
+        watcher: asyncio.Task[AgoraError | None] = asyncio.create_task(self._watch_pipelines())
         try:
-            while pending and not self._stopping.is_set():
-                done, pending = await asyncio.wait(pending | {stopper}, return_when=asyncio.FIRST_COMPLETED)
-                pending.discard(stopper)
-                for task in done - {stopper}:
-                    failure = self._terminal_error(tasks[task], task) or failure
-                if failure is not None:
-                    self.stop()
-            if failure is None and self.periodic_jobs:  # their ticks go on until the pool is stopped
-                await self._stopping.wait()
-        finally:
-            stopper.cancel()
-        return failure
-
-    def _terminal_error(self, owner: ScheduledPipeline | Worker, task: asyncio.Task[Any]) -> AgoraError | None:
-        error = None if task.cancelled() else task.exception()
-        if isinstance(owner, Worker):
+            done, _ = await asyncio.wait([*tasks, stopper, watcher], return_when=asyncio.FIRST_COMPLETED)
+            if watcher in done:
+                return watcher.result()
             if self._stopping.is_set():
                 return None
-            log.error("the job worker stopped unexpectedly; shutting the pool down", exc_info=error)
-            return JobWorkerStopped(f"the job worker stopped unexpectedly: {error!r}")
-        if error is None:
-            return None  # a once pipeline that completed
-        if isinstance(error, ScheduleStopped):  # stopped before this start: the error says what to do
-            return error
-        if owner.status.state == "stopped":
-            log.error("pipeline %s reached max_consecutive_errors; shutting the pool down", owner.pipeline_id)
-            return PipelineFailed(owner.pipeline_id, owner.status.consecutive_errors, error)
-        log.error("pipeline %s crashed; shutting the pool down", owner.pipeline_id, exc_info=error)
-        return PipelineFailed(owner.pipeline_id, None, error)
+            task = next(task for task in done if task in tasks)
+            error = None if task.cancelled() else task.exception()
+            name = "job worker" if tasks[task] is self.job_worker else "pipeline worker"
+            log.error("the %s stopped unexpectedly; shutting the pool down", name, exc_info=error)
+            return JobWorkerStopped(f"the {name} stopped unexpectedly: {error!r}")
+        finally:
+            stopper.cancel()
+            watcher.cancel()
 
-    async def _shut_down(self, tasks: dict[asyncio.Task[Any], ScheduledPipeline | Worker]) -> None:
+    async def _watch_pipelines(self) -> AgoraError | None:
+        """After each of the scheduler's passes: a pipeline whose schedule stopped ends the
+        pool with its error; a once-per-launch schedule another launch completed runs again
+        for this one; when every pipeline is done and nothing else runs here, the pool ends."""
+        if self.scheduler is None or not self.pipelines:
+            await asyncio.Event().wait()  # (until cancelled)
+        assert self.scheduler is not None
+        first = True
+        while True:
+            await self.scheduler.passed.wait()
+            self.scheduler.passed.clear()
+            done = 0
+            for pipeline in self.pipelines:
+                row = pipeline.row
+                if row is None or row.schedule_spec != pipeline.schedule.spec:
+                    continue
+                if row.state == "stopped":
+                    if first and pipeline.last_error is None:
+                        return ScheduleStopped(pipeline.pipeline_id, row.consecutive_errors, row.last_error)
+                    log.error("pipeline %s reached max_consecutive_errors; shutting the pool down",
+                              pipeline.pipeline_id)
+                    error = pipeline.last_error or RunAbandoned(
+                        f"{row.last_error} ({row.consecutive_errors} failed runs in a row)")
+                    return PipelineFailed(pipeline.pipeline_id, row.consecutive_errors, error)
+                if row.state == "completed" and row.job_id is None:
+                    if pipeline.schedule.once_per_launch and not pipeline.succeeded_here:
+                        # another launch ran it meanwhile: this one runs it too
+                        await self.scheduler.store.schedules.launch_once_again(pipeline.pipeline_id,
+                                                                               pipeline.schedule.spec)
+                        self.scheduler.wake()
+                    else:
+                        done += 1
+            first = False
+            if done == len(self.pipelines) and self.job_worker is None and not self.periodic_jobs:
+                log.info("every pipeline of this pool has completed its schedule")
+                return None
+
+    async def _shut_down(self, tasks: dict[asyncio.Task[Any], Worker]) -> None:
         self.stop()
         pending = await wait_tasks_or_event(tasks, self._aborting, self.graceful_shutdown_timeout)
         if pending:
-            log.warning("graceful shutdown over; cancelling %s", sorted(task.get_name() for task in pending))
-            if self.job_worker is not None and self._aborting.is_set():
-                self.job_worker.abort()  # a second signal: it stops at once
-            # (otherwise the job worker, whose grace period is this one, stops its running
-            # jobs itself now and finishes its own bounded shutdown)
-            for task in pending:
-                if not isinstance(tasks[task], Worker):
-                    task.cancel()
+            log.warning("graceful shutdown over; stopping %s", sorted(task.get_name() for task in pending))
+            if self._aborting.is_set():  # a second signal: they stop at once
+                for worker in self._workers():
+                    worker.abort()
+            # (otherwise the workers, whose grace period is this one, stop their running
+            # jobs themselves now and finish their own bounded shutdown)
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _live(self) -> tuple[bool, dict[str, Any]]:

@@ -1,14 +1,13 @@
-"""The lease supervisor: one per process, for job attempts and pipeline runs alike.
+"""The lease supervisor: one per worker, for its job attempts (a scheduled pipeline's run is one).
 
 Every claim hands back a lease token. The supervisor renews the leases of its
 process in one statement every ``lease_seconds / 3``, from a thread of its own with a
 database connection of its own, so an event loop blocked by a handler cannot stop
 renewals. A job attempt is covered by its worker's lease (``agora.workers.lease_expires_at``:
-the renewal writes that one row and reads the job rows); a pipeline run has a lease of
-its own on its schedule row, renewed by token. Renewal results come back to the event
-loop as stop requests:
+the renewal writes that one row and reads the job rows). Renewal results come back to
+the event loop as stop requests:
 
-- a lease another worker took over (rescued, or a run taken over): ``LEASE_LOST``;
+- a lease another worker took over (rescued): ``LEASE_LOST``;
 - a lease that could not be renewed for ``0.75 * lease_seconds`` by this process's
   monotonic clock: ``LEASE_UNRENEWED``, before the lease can expire on the server
   (self-fencing: across a database outage, at most one attempt runs);
@@ -46,9 +45,8 @@ BLOCKED_LOOP_SECONDS = 1.0
 
 
 class LeaseToken(NamedTuple):
-    """What a claim returned: a job attempt ``("job", job_id, attempt)`` or a
-    pipeline run ``("run", pipeline_id, run_id)``. (A tuple: it is hashed several
-    times per job, and a tuple's hash is computed in C.)"""
+    """What a claim returned: a job attempt ``("job", job_id, attempt)``. (A tuple: it
+    is hashed several times per job, and a tuple's hash is computed in C.)"""
 
     resource: str
     key: int | str
@@ -56,7 +54,7 @@ class LeaseToken(NamedTuple):
 
 
 class LeaseHolder(Protocol):
-    """What holds a lease: a job attempt or a pipeline run, hashed by identity. The
+    """What holds a lease: a job attempt, hashed by identity. The
     supervisor keeps its bookkeeping on the holder itself (no object of its own per
     lease: a worker takes tens of thousands a second, and each object it keeps alive
     is work for the garbage collector): ``fence_at``, the ``time.monotonic()`` by which
@@ -275,20 +273,18 @@ class LeaseSupervisor:
     async def _renew(self, store: Store, holders: list[LeaseHolder], sent_at: float) -> None:
         tokens = [holder.token for holder in holders]
         jobs = [(int(t.key), t.number) for t in tokens if t.resource == "job"]
-        runs = [(str(t.key), t.number) for t in tokens if t.resource == "run"]
         if self._worker_lease_from is None:
             self._worker_lease_from = sent_at
-        renewal = await store.workers.renew_leases(self.worker_id, self.lease_seconds, jobs, runs)
+        renewal = await store.workers.renew_leases(self.worker_id, self.lease_seconds, jobs)
         if renewal.worker_renewed:
             self._worker_lease_from = sent_at
         lost = [holder for holder, t in zip(holders, tokens, strict=True)
-                if ((t.key, t.number) in renewal.lost_jobs if t.resource == "job" else t.key in renewal.lost_runs)]
+                if (t.key, t.number) in renewal.lost_jobs]
         fence_at = sent_at + self.fence_after
         lost_now = set(lost)
         with self._lock:
-            renewed = [holder for holder, t in zip(holders, tokens, strict=True) if t.resource == "run"]
-            listed_jobs = [holder for holder, t in zip(holders, tokens, strict=True)
-                           if t.resource == "job" and holder in self._held]
+            renewed: list[LeaseHolder] = []
+            listed_jobs = [holder for holder in holders if holder in self._held]
             if renewal.worker_renewed:
                 # The listed jobs' own leases were folded into the worker's, which covers every
                 # job held under it, listed or claimed since the list was taken.

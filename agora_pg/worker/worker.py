@@ -48,6 +48,7 @@ ABORT_STEP_SECONDS = 1.0  # after a second signal, unrecorded outcomes get this 
 PIPELINED_ABOVE = 100  # concurrency above which a claim takes at most half the slots
 PROMOTE_BATCH = 1000  # delayed jobs promoted per statement
 PROMOTE_MIN_INTERVAL = 0.1  # seconds between a worker's promotions while delayed jobs keep falling due
+PROMOTE_MARGIN = 0.002  # wake this long after the next delayed job falls due
 
 
 def claim_batch(concurrency: int) -> int:
@@ -88,6 +89,7 @@ class Worker:
         self.lifespan = lifespan
         self.settings = settings
         self.id = new_worker_id()
+        self.claim_kinds: tuple[str, ...] | None = None  # claim only these kinds (a pool's pipeline runs)
         self._overrides: dict[str, Any] = {}
         self._stopping = StopSignal()
         self._aborting = StopSignal()
@@ -241,7 +243,8 @@ class _WorkerRun:
                     limit = min(free, self.claim_batch)
                     claimed_at = time.monotonic()
                     jobs = await self._unless_stopping(
-                        self.store.jobs.claim(settings.queues, limit, worker.id, settings.lease_seconds)
+                        self.store.jobs.claim(settings.queues, limit, worker.id, settings.lease_seconds,
+                                              worker.claim_kinds)
                     )
                     pause.reset()
                     self._start(await self._one_suspect_at_most(jobs), claimed_at)
@@ -427,7 +430,9 @@ class _WorkerRun:
                     continue
                 wait = self.settings.poll_seconds
                 if promotion.next_in_seconds is not None:
-                    wait = min(promotion.next_in_seconds, wait)
+                    # (a moment after it, by the database's clock: a look a moment early finds
+                    # nothing due, and the next may not come before PROMOTE_MIN_INTERVAL)
+                    wait = min(promotion.next_in_seconds + PROMOTE_MARGIN, wait)
                 await unless_stopped(wait_for_event(self.delayed_inserted, wait), self.side_stop)
                 # (announcements of delayed jobs never make it run more often than this)
                 rest = promoted_at + PROMOTE_MIN_INTERVAL - loop.time()

@@ -181,7 +181,7 @@ async def _registered(url: str, pid: int) -> bool:
 
 async def _workers_registered(url: str, count: int) -> bool:
     """Exactly ``count`` job workers registered (a pool running pipelines has a row too)."""
-    return await scalar(url, "SELECT count(*) FROM agora.workers WHERE NOT runs_pipelines") == count
+    return await scalar(url, "SELECT count(*) FROM agora.workers WHERE NOT 'agora:pipelines' = ANY(queues)") == count
 
 
 async def test_a_stall_longer_than_the_lease_never_runs_a_job_or_a_pipeline_twice_at_once(

@@ -7,12 +7,13 @@ import csv
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 
 from ..conftest import Processes
 from .test_api_processes import REPO, cli
-from .test_worker_processes import eventually, free_port, scalar, stop, worker_env
+from .test_worker_processes import eventually, free_port, scalar, start_worker, stop, worker_env
 
 SEED = REPO / "examples" / "pipelines.toml"
 
@@ -96,15 +97,49 @@ async def test_kill_9_halfway_through_a_csv_then_resume_writes_each_row_once(
     await eventually(partly, 120, "the first 20,000 rows")
     os.kill(first.pid, signal.SIGKILL)
     first.wait(timeout=10)
+    killed_at = time.monotonic()
     written = int(await scalar(database_url, "SELECT count(*) FROM public.events"))  # type: ignore[arg-type]
     assert written < 100_000, "the run finished before it could be killed; make the file larger"
+    # Any worker's rescuer records the killed run once its lease (2 s here) has passed.
+    worker = start_worker(processes, database_url)
+
+    async def recorded() -> bool:
+        return await scalar(database_url, "SELECT status FROM agora.runs WHERE pipeline_id = 'ingest'") == "abandoned"
+
+    await eventually(recorded, 15, "the killed run recorded")
+    assert time.monotonic() - killed_at < 2 + 5  # within one lease (and a rescue round, a worker's start)
+    assert (await scalar(database_url, "SELECT error_type FROM agora.runs WHERE pipeline_id = 'ingest'")) == "WorkerLost"
+    code, output = stop(worker)
+    assert code == 0, output
     resumed = run_cli("run", "--config", str(config), env=env, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     assert await scalar(database_url, "SELECT count(*) FROM public.events") == 100_000
     assert await scalar(database_url, "SELECT count(DISTINCT id) FROM public.events") == 100_000
     assert await scalar(database_url, "SELECT (position #>> '{}')::int FROM agora.checkpoints WHERE pipeline_id = 'ingest'") == 100_000
     statuses = await scalar(database_url, "SELECT string_agg(status, ',' ORDER BY id) FROM agora.runs WHERE pipeline_id = 'ingest'")
-    assert statuses == "running,succeeded"  # the killed run stays 'running': nothing recorded its end
+    assert statuses == "abandoned,succeeded"
+
+
+async def test_a_run_started_while_a_killed_one_holds_the_pipeline_waits_and_rescues_it(
+    database_url: str, processes: Processes, tmp_path: Path
+) -> None:
+    await scalar(database_url, "CREATE TABLE public.events (id int PRIMARY KEY, amount numeric, note text)")
+    config = _csv_config(tmp_path, database_url, 100_000)
+    env = worker_env(database_url)
+    first = processes.start(cli("run", "--config", str(config)), env, REPO)
+
+    async def started() -> bool:
+        return int(await scalar(database_url, "SELECT count(*) FROM public.events")) > 0  # type: ignore[arg-type]
+
+    await eventually(started, 60, "the first rows")
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait(timeout=10)
+    second = run_cli("run", "--config", str(config), env=env, timeout=300)  # no other worker runs
+    assert second.returncode == 0, second.stderr
+    assert "a run is in flight" in second.stderr  # it said why it waited
+    statuses = await scalar(database_url, "SELECT string_agg(status, ',' ORDER BY id) FROM agora.runs WHERE pipeline_id = 'ingest'")
+    assert statuses == "abandoned,succeeded"
+    assert await scalar(database_url, "SELECT count(DISTINCT id) FROM public.events") == 100_000
 
 
 async def test_dlq_list_and_replay(database_url: str, tmp_path: Path) -> None:

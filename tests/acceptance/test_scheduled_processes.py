@@ -84,7 +84,7 @@ async def test_a_killed_worker_is_replaced_after_the_lease_expires(
     database_url: str, processes: Processes, events: None
 ) -> None:
     doomed = start_pool(processes, database_url, PIPELINE_SCHEDULE="hourly", PIPELINE_SLEEP="3600")
-    await eventually(lambda: _statuses_are(database_url, ["running"]), 30, "the first run starting")
+    await eventually(lambda: _run_in_flight(database_url), 30, "the first run starting")
     os.kill(doomed.pid, signal.SIGKILL)
     doomed.wait(timeout=10)
     killed_at = time.monotonic()
@@ -104,6 +104,12 @@ async def test_a_killed_worker_is_replaced_after_the_lease_expires(
 
 async def _statuses_are(url: str, expected: list[str]) -> bool:
     return await run_statuses(url) == expected
+
+
+async def _run_in_flight(url: str) -> bool:
+    """A run of the pipeline is in flight: its job is running (its run row is written at its end)."""
+    rows = await fetch(url, "SELECT 1 FROM agora.jobs WHERE dedup_key = 'pipeline:acceptance' AND status = 'processing'")
+    return await run_statuses(url) == [] and len(rows) == 1
 
 
 async def test_a_restarted_worker_keeps_the_error_counter_and_next_run(
@@ -202,7 +208,7 @@ async def test_sigterm_mid_run_lets_the_run_finish_and_records_it(
     database_url: str, processes: Processes, events: None
 ) -> None:
     worker = start_pool(processes, database_url, PIPELINE_SCHEDULE="hourly", PIPELINE_SLEEP="2")
-    await eventually(lambda: _statuses_are(database_url, ["running"]), 30, "the run starting")
+    await eventually(lambda: _run_in_flight(database_url), 30, "the run starting")
     code, output = stop(worker)
     assert code == 0, output
     assert await run_statuses(database_url) == ["succeeded"]
@@ -213,11 +219,12 @@ async def test_sigterm_past_the_grace_period_cancels_and_releases_the_run(
     database_url: str, processes: Processes, events: None
 ) -> None:
     worker = start_pool(processes, database_url, PIPELINE_SCHEDULE="hourly", PIPELINE_SLEEP="600", POOL_GRACE="0.5")
-    await eventually(lambda: _statuses_are(database_url, ["running"]), 30, "the run starting")
+    await eventually(lambda: _run_in_flight(database_url), 30, "the run starting")
     code, output = stop(worker, timeout=20)
     assert code == 0, output
     assert await run_statuses(database_url) == ["cancelled"]
-    assert await scalar(database_url, "SELECT lease_owner IS NULL AND next_run_at <= now() FROM agora.schedules")
+    assert await scalar(database_url, "SELECT next_run_at <= now() FROM agora.schedules")  # due again at once
+    assert await scalar(database_url, "SELECT count(*) FROM agora.jobs WHERE status IN ('pending', 'processing')") == 0
 
 
 async def test_max_consecutive_errors_ends_the_process_non_zero_and_a_restart_says_how_to_resume(
@@ -251,7 +258,7 @@ async def test_max_consecutive_errors_ends_the_process_non_zero_and_a_restart_sa
 
 async def test_a_second_sigint_cancels_at_once(database_url: str, processes: Processes, events: None) -> None:
     worker = start_pool(processes, database_url, PIPELINE_SCHEDULE="hourly", PIPELINE_SLEEP="600", POOL_GRACE="120")
-    await eventually(lambda: _statuses_are(database_url, ["running"]), 30, "the run starting")
+    await eventually(lambda: _run_in_flight(database_url), 30, "the run starting")
     os.kill(worker.pid, signal.SIGINT)
     await asyncio.sleep(0.5)
     assert worker.poll() is None  # the first Ctrl+C waits for the run

@@ -1,7 +1,7 @@
 """The worker module of the ``schedules_under_faults`` scenario:
 ``agora-pg worker --module tests.chaos.chaos_pool``, a WorkerPool with five schedules.
 
-Each run appends ``start``, then ``end`` (or ``stopped``), with its pipeline, run id,
+Each run appends ``start``, then ``end`` (or ``stopped``), with its pipeline, job id,
 process and time, to this process's file in ``$CHAOS_LEDGER_DIR``.
 """
 
@@ -36,7 +36,7 @@ class RecordedRun:
 
     async def run(self) -> None:
         run = current_run.get()
-        run_id = run.run_id if run is not None else None
+        run_id = None if run is None else run.job_id or run.run_id  # a scheduled run is a job
         _write(self.pipeline_id, run_id, "start")
         try:
             await asyncio.sleep(RUN_SECONDS)

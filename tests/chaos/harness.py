@@ -243,7 +243,9 @@ class Tally:
 
 # A failed job waits for a retry while retry_count < max_retries; a final failure (retries
 # or lost attempts used up) caps max_retries at retry_count.
-WAITING = "(j.status IN ('pending', 'processing') OR j.status = 'failed' AND j.retry_count < COALESCE(j.max_retries, 3))"
+# (the jobs of the flow: a pool's pipeline runs, in agora:pipelines, are the scenario's own checks)
+WAITING = ("(j.queue <> 'agora:pipelines' AND (j.status IN ('pending', 'processing') "
+           "OR j.status = 'failed' AND j.retry_count < COALESCE(j.max_retries, 3)))")
 
 TALLY = f"""
 WITH executions AS (
@@ -462,7 +464,7 @@ async def wait_workers(database_url: str, count: int, timeout: float = 30.0) -> 
         connection = await asyncpg.connect(database_url)
         try:
             registered = await connection.fetchval(
-                "SELECT count(*) FROM agora.workers WHERE stopped_at IS NULL AND NOT runs_pipelines")
+                "SELECT count(*) FROM agora.workers WHERE stopped_at IS NULL AND NOT 'agora:pipelines' = ANY(queues)")
             if registered >= count:
                 return
         finally:

@@ -776,7 +776,8 @@ async def schedules_under_faults(setup: Setup, size: Size) -> Result:
                                           "GROUP BY 1, 2 ORDER BY 1, 2")
             schedules = await connection.fetch("SELECT pipeline_id, state, consecutive_errors FROM agora.schedules")
             twice = await _ticks_succeeded_twice(connection)
-            status_of = {str(row["id"]): row["status"] for row in await connection.fetch("SELECT id, status FROM agora.runs")}
+            status_of = {str(row["job_id"]): row["status"] for row in await connection.fetch(  # (a run is a job)
+                "SELECT job_id, status FROM agora.runs WHERE pipeline_id IS NOT NULL AND job_id IS NOT NULL")}
         finally:
             await connection.close()
     executions = _read_runs(ledger)

@@ -7,15 +7,19 @@ import re
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from litestar.testing import AsyncTestClient
 
 from agora_pg.api import create_app
+from agora_pg.db import queries
 from agora_pg.db.schedule_rows import ScheduleRegistration
 from agora_pg.db.store import Store
 from agora_pg.job_spec import JobSpec
+from agora_pg.jobs import Job
+from agora_pg.runner import Schedule, ScheduledPipeline
 
 from .helpers import record_failure
 from agora_pg.settings import Settings
@@ -184,7 +188,7 @@ async def test_cancel_of_a_running_job_asks_its_worker_and_done_jobs_are_409(
     assert response.status_code == 200, response.text
     asked = response.json()
     assert asked["status"] == "processing" and asked["cancel_requested_at"] is not None
-    renewal = await store.workers.renew_leases("w1", 30, [(claimed.id, claimed.attempt)], [])
+    renewal = await store.workers.renew_leases("w1", 30, [(claimed.id, claimed.attempt)])
     assert renewal.cancel_jobs == {(claimed.id, claimed.attempt)}  # the fallback when the NOTIFY is missed
     await store.jobs.complete_succeeded([(claimed.id, claimed.attempt)], "w1")  # it finished first
     for action in ("retry", "cancel"):
@@ -229,32 +233,40 @@ async def test_schedules_list_show_pause_resume_trigger(client: httpx.AsyncClien
     assert (shown["state"], shown["running"], shown["schedule_spec"]) == ("active", False, "every(seconds=60)")
 
     assert (await client.post("/schedules/a-ingest/pause")).json()["state"] == "paused"
-    assert await store.schedules.claim_run("a-ingest", "every(seconds=60)", "w1", 30) is None
+    assert await store.schedules.enqueue_due_ticks([("a-ingest", "every(seconds=60)")], _plan("a-ingest"), "s") == []
     refused = await client.post("/schedules/a-ingest/trigger")
     assert refused.status_code == 409 and "paused" in refused.json()["detail"]
     assert (await client.post("/schedules/a-ingest/resume")).json()["state"] == "active"
 
     triggered = (await client.post("/schedules/a-ingest/trigger")).json()
     assert datetime.fromisoformat(triggered["next_run_at"]) <= datetime.now(UTC)
-    claimed = await store.schedules.claim_run("a-ingest", "every(seconds=60)", "w1", 30)
-    assert claimed is not None
+    await _start_run(store, "a-ingest")
     running = await client.post("/schedules/a-ingest/trigger")
     assert running.status_code == 409 and "running" in running.json()["detail"]
 
 
 async def test_pause_during_a_run_survives_its_end(client: httpx.AsyncClient, store: Store) -> None:
-    from agora_pg.db.schedule_rows import RunFinish
-
     await _register(store, "p")
     await client.post("/schedules/p/trigger")
-    claimed = await store.schedules.claim_run("p", "every(seconds=60)", "w1", 30)
-    assert claimed is not None
+    claimed = await _start_run(store, "p")
+    assert (await client.get("/schedules/p")).json()["running"] is True
     await client.post("/schedules/p/pause")
-    await store.schedules.finish_run(RunFinish(
-        pipeline_id="p", worker_id="w1", run_id=claimed.run_id, status="succeeded", error_type=None,
-        error_message=None, consecutive_errors=0, next_run_at=datetime.now(UTC), state="active",
-    ))
-    assert (await client.get("/schedules/p")).json()["state"] == "paused"
+    assert await store.jobs.complete_succeeded([(claimed.id, claimed.attempt)], "w1") == {claimed.id}
+    shown = (await client.get("/schedules/p")).json()
+    assert (shown["state"], shown["running"], shown["last_status"]) == ("paused", False, "succeeded")
+
+
+def _plan(pipeline_id: str) -> Any:
+    """How a scheduler turns the due tick of ``pipeline_id`` into its run's job."""
+    return ScheduledPipeline(lambda: None, Schedule.every(seconds=60), pipeline_id).plan
+
+
+async def _start_run(store: Store, pipeline_id: str) -> Job:
+    """A run of ``pipeline_id``, due now, enqueued and claimed by worker w1."""
+    [(_, job)] = await store.schedules.enqueue_due_ticks([(pipeline_id, "every(seconds=60)")], _plan(pipeline_id), "s")
+    [claimed] = await store.jobs.claim([queries.PIPELINE_QUEUE], 10, "w1", 30, kinds=[pipeline_id])
+    assert claimed.id == job.id
+    return claimed
 
 
 async def test_unknown_schedule_is_404(client: httpx.AsyncClient) -> None:

@@ -113,7 +113,7 @@ async def test_downgrade_from_worker_leases_gives_running_jobs_a_lease_of_their_
     try:
         await migrate.upgrade(store)
         await store.workers.register("w", "host", 1, ["default"])
-        await store.workers.renew_leases("w", 30, [], [])
+        await store.workers.renew_leases("w", 30, [])
         async with store.connection() as connection:
             await connection.execute(
                 "INSERT INTO agora.jobs (name, kind, status, locked_by, attempt, started_at) VALUES "

@@ -32,7 +32,7 @@ from agora_pg.pipelines import (
     Tracing,
 )
 from agora_pg.pipelines.pipeline import PipelineRun, current_run
-from agora_pg.runner import Schedule, ScheduledPipeline
+from agora_pg.runner import PipelineFailed, Schedule, ScheduledPipeline, WorkerPool
 
 
 EVENTS = "CREATE TABLE public.events (id int PRIMARY KEY, amount numeric NOT NULL CHECK (amount >= 0), note text)"
@@ -204,6 +204,11 @@ async def test_a_sink_on_another_database_saves_the_checkpoint_after_the_batch(s
     assert checkpoint is not None and checkpoint.position == 5
 
 
+async def serve(pipeline: ScheduledPipeline, settings: object) -> None:
+    """Run ``pipeline`` in a WorkerPool of its own until it ends."""
+    await WorkerPool(settings=settings).register(pipeline).run(handle_signals=False)  # type: ignore[arg-type]
+
+
 async def test_scheduled_pipeline_records_run_ids_and_spans(store: Store, settings: object) -> None:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
@@ -216,19 +221,18 @@ async def test_scheduled_pipeline_records_run_ids_and_spans(store: Store, settin
                     .map(lambda record: {"n": int(record["n"])}, name="to_int").build(StdoutSink(io.StringIO())))
 
         scheduled = ScheduledPipeline(factory, Schedule.once(), "traced")
-        task = asyncio.create_task(scheduled.serve(store, "w1", settings))  # type: ignore[arg-type]
-        await asyncio.wait_for(task, 15)
+        await asyncio.wait_for(serve(scheduled, settings), 15)
     finally:
         trace._TRACER_PROVIDER = tracer_before  # type: ignore[attr-defined]
-    [run] = await fetch(store, "SELECT id, status, progress::text FROM agora.runs WHERE pipeline_id = 'traced'")
+    [run] = await fetch(store, "SELECT job_id, status, progress::text FROM agora.runs WHERE pipeline_id = 'traced'")
     assert run["status"] == "succeeded"
     progress = json.loads(run["progress"])  # written by the run without any code of the pipeline's
     assert (progress["read"], progress["written"], progress["rejected"]) == (2, 1, 1)
     [letter] = await PipelineState(store).dead_letters("traced", False, 10)
-    assert (letter.run_id, letter.stage) == (run["id"], "map:to_int")
+    assert (letter.job_id, letter.stage) == (run["job_id"], "map:to_int")
     spans = {span.name: span for span in exporter.get_finished_spans()}
     assert set(spans) == {"pipeline.run", "pipeline.batch"}
-    assert spans["pipeline.run"].attributes["agora.run_id"] == run["id"]
+    assert spans["pipeline.run"].attributes["agora.job_id"] == run["job_id"]
     assert spans["pipeline.run"].attributes["records.dead_letters"] == 1
     assert spans["pipeline.batch"].attributes["records.read"] == 2
 
@@ -263,18 +267,18 @@ async def test_a_stopping_worker_ends_a_resumable_run_after_its_batch(store: Sto
                 .map(stop_at_2500).build(DatabaseSink(store.database.url, "public.events")))
 
     scheduled.append(ScheduledPipeline(factory, Schedule.once(), "events"))
-    await asyncio.wait_for(scheduled[0].serve(store, "w1", settings), 15)  # type: ignore[arg-type]
+    await asyncio.wait_for(serve(scheduled[0], settings), 15)
     assert (await fetch(store, "SELECT count(*) AS n FROM public.events"))[0]["n"] == 3000
     [run] = await fetch(store, "SELECT status FROM agora.runs WHERE pipeline_id = 'events'")
     assert run["status"] == "cancelled"
     row = await store.schedules.get("events")
-    assert row is not None and row.state == "active" and row.lease_owner is None
+    assert row is not None and row.state == "active" and row.job_id is None
 
     async def finish() -> object:
         return Pipeline(CsvSource(path, {"id": "int", "amount": "int"}), id="events", batch_size=1000).build(
             DatabaseSink(store.database.url, "public.events"))
 
-    await asyncio.wait_for(ScheduledPipeline(finish, Schedule.once(), "events").serve(store, "w1", settings), 15)  # type: ignore[arg-type]
+    await asyncio.wait_for(serve(ScheduledPipeline(finish, Schedule.once(), "events"), settings), 15)
     assert (await fetch(store, "SELECT count(*) AS n, count(DISTINCT id) AS d FROM public.events"))[0]["d"] == 10_000
     statuses = [r["status"] for r in await fetch(store, "SELECT status FROM agora.runs WHERE pipeline_id = 'events' ORDER BY id")]
     assert statuses == ["cancelled", "succeeded"]
@@ -393,8 +397,9 @@ async def test_a_run_that_dead_letters_everything_fails(store: Store, settings: 
         await (await factory()).run()  # type: ignore[attr-defined]
     await fetch(store, "DELETE FROM agora.checkpoints")
     scheduled = ScheduledPipeline(factory, Schedule.every(hours=1), "events_ingest", max_consecutive_errors=1)
-    with pytest.raises(NothingWritten):
-        await asyncio.wait_for(scheduled.serve(store, "w1", settings), 15)  # type: ignore[arg-type]
+    with pytest.raises(PipelineFailed) as failed:
+        await asyncio.wait_for(serve(scheduled, settings), 15)
+    assert isinstance(failed.value.error, NothingWritten)
     [run] = await fetch(store, "SELECT status, error_type, error_message FROM agora.runs WHERE pipeline_id = 'events_ingest'")
     assert (run["status"], run["error_type"]) == ("failed", "NothingWritten")
     assert "column 'id': expected integer" in run["error_message"]

@@ -12,6 +12,9 @@ from typing import Any
 import asyncpg
 import pytest
 
+from agora_pg import schedules
+from agora_pg.db import queries
+from agora_pg.db.schedule_rows import ScheduleRegistration
 from agora_pg.db.store import Store
 from agora_pg.runner import PipelineFailed, Schedule, ScheduledPipeline, ScheduleStopped, WorkerPool, scheduled_pipeline
 from agora_pg.settings import Settings
@@ -46,8 +49,18 @@ class Recorder:
             self.owner.closed += 1
 
 
-async def serve_until(pipeline: ScheduledPipeline, store: Store, settings: Settings, condition: Any, worker: str = "w1") -> None:
-    task = asyncio.create_task(pipeline.serve(store, worker, settings))
+async def serve(pipeline: ScheduledPipeline, settings: Settings) -> None:
+    """Run ``pipeline`` in a WorkerPool of its own on the test's database, until it ends."""
+    await WorkerPool(settings=settings).register(pipeline).run(handle_signals=False)
+
+
+def serving(pipeline: ScheduledPipeline, settings: Settings) -> asyncio.Task[None]:
+    """``pipeline`` running in a WorkerPool of its own until ``pipeline.stop()``."""
+    return asyncio.create_task(serve(pipeline, settings))
+
+
+async def serve_until(pipeline: ScheduledPipeline, store: Store, settings: Settings, condition: Any) -> None:
+    task = serving(pipeline, settings)
     try:
         await wait_until(condition, timeout=15)
     finally:
@@ -73,7 +86,7 @@ async def test_every_runs_at_once_then_waits_the_interval_after_finishing(store:
 
     await serve_until(pipeline, store, settings, ran)
     [run] = await runs(store, "hourly")
-    assert run["status"] == "succeeded" and run["worker_id"] == "w1"
+    assert run["status"] == "succeeded" and run["worker_id"] is not None
     row = await store.schedules.get("hourly")
     assert row is not None
     assert (row.state, row.consecutive_errors, row.lease_owner) == ("active", 0, None)
@@ -83,7 +96,7 @@ async def test_every_runs_at_once_then_waits_the_interval_after_finishing(store:
     # a restarted worker in the middle of the interval waits out the rest of it
     restarted = Recorder()
     again = ScheduledPipeline(factory=restarted, schedule=Schedule.every(hours=1), pipeline_id="hourly")
-    task = asyncio.create_task(again.serve(store, "w2", settings))
+    task = serving(again, settings)
     await asyncio.sleep(1.0)
     again.stop()
     await asyncio.wait_for(task, 10)
@@ -103,8 +116,8 @@ async def test_failures_back_off_and_the_counter_survives_a_restart(store: Store
     failed_so_far = (await store.schedules.get("flaky")).consecutive_errors  # type: ignore[union-attr]
 
     second = ScheduledPipeline(factory, Schedule.every(seconds=1), "flaky", error_backoff_seconds=0.05, max_consecutive_errors=5)
-    with pytest.raises(RuntimeError, match="boom"):
-        await asyncio.wait_for(second.serve(store, "w2", settings), 20)
+    with pytest.raises(PipelineFailed, match="boom"):
+        await asyncio.wait_for(serve(second, settings), 20)
     row = await store.schedules.get("flaky")
     assert row is not None
     assert (row.state, row.consecutive_errors) == ("stopped", 5)
@@ -145,8 +158,8 @@ async def test_success_resets_the_error_counter(store: Store, settings: Settings
 async def test_once_runs_once_per_launch(store: Store, settings: Settings) -> None:
     # the seed: "one-shot jobs launched by a scheduler like Airflow or a cron job": each launch runs
     factory = Recorder()
-    await asyncio.wait_for(ScheduledPipeline(factory, Schedule.once(), "daily_export").serve(store, "w1", settings), 10)
-    await asyncio.wait_for(ScheduledPipeline(factory, Schedule.once(), "daily_export").serve(store, "w2", settings), 10)
+    await asyncio.wait_for(serve(ScheduledPipeline(factory, Schedule.once(), "daily_export"), settings), 10)
+    await asyncio.wait_for(serve(ScheduledPipeline(factory, Schedule.once(), "daily_export"), settings), 10)
     assert factory.calls == 2
     assert (await store.schedules.get("daily_export")).state == "completed"  # type: ignore[union-attr]
     assert [run["status"] for run in await runs(store, "daily_export")] == ["succeeded", "succeeded"]
@@ -154,13 +167,13 @@ async def test_once_runs_once_per_launch(store: Store, settings: Settings) -> No
 
 async def test_once_with_a_key_runs_once_ever_for_that_key(store: Store, settings: Settings) -> None:
     factory = Recorder()
-    for worker in ("w1", "w2"):
+    for _launch in (1, 2):
         scheduled = ScheduledPipeline(factory, Schedule.once(key="2024"), "backfill")
-        await asyncio.wait_for(scheduled.serve(store, worker, settings), 10)
+        await asyncio.wait_for(serve(scheduled, settings), 10)
     assert factory.calls == 1
     row = await store.schedules.get("backfill")
     assert row is not None and (row.state, row.schedule_spec) == ("completed", "once key=2024")
-    await asyncio.wait_for(ScheduledPipeline(factory, Schedule.once(key="2025"), "backfill").serve(store, "w1", settings), 10)
+    await asyncio.wait_for(serve(ScheduledPipeline(factory, Schedule.once(key="2025"), "backfill"), settings), 10)
     assert factory.calls == 2  # a new key is a new once
     assert [run["status"] for run in await runs(store, "backfill")] == ["succeeded", "succeeded"]
 
@@ -184,7 +197,7 @@ async def test_two_launches_of_a_once_at_the_same_moment_each_run_and_never_over
     async def factory() -> Slow:
         return Slow()
 
-    launches = [ScheduledPipeline(factory, Schedule.once(), "nightly").serve(store, f"w{i}", settings) for i in (1, 2)]
+    launches = [serve(ScheduledPipeline(factory, Schedule.once(), "nightly"), settings) for _ in (1, 2)]
     await asyncio.wait_for(asyncio.gather(*launches), 20)
     assert len(done) == 2 and overlaps == []
     statuses = [run["status"] for run in await runs(store, "nightly")]
@@ -199,8 +212,8 @@ async def test_a_stopped_schedule_says_so_at_start_instead_of_waiting(
     failing = Recorder(failures=100)
     pipeline = ScheduledPipeline(failing, Schedule.every(hours=1), "flaky", error_backoff_seconds=0.0,
                                  max_consecutive_errors=2)
-    with pytest.raises(RuntimeError, match="boom 2"):
-        await asyncio.wait_for(pipeline.serve(store, "w1", settings), 15)
+    with pytest.raises(PipelineFailed, match="boom 2"):
+        await asyncio.wait_for(serve(pipeline, settings), 15)
     monkeypatch.setenv("AGORA_PG_DATABASE_URL", database_url)
     # a restart of the standalone script: one line saying what happened and how to resume
     restarted = ScheduledPipeline(failing, Schedule.every(hours=1), "flaky", error_backoff_seconds=0.0,
@@ -242,8 +255,64 @@ async def test_changed_schedule_replaces_the_old_one(store: Store, settings: Set
     assert row.next_run_at is not None and row.next_run_at.astimezone(UTC).month == 1
     async with store.connection() as connection:  # even when due, the old schedule's workers do not run it
         await connection.execute("UPDATE agora.schedules SET next_run_at = now() - interval '1 minute'")
-    assert await store.schedules.claim_run("report", Schedule.every(seconds=5).spec, "old", 30) is None
-    assert await store.schedules.claim_run("report", new.spec, "new", 30) is not None
+    plan = ScheduledPipeline(factory, new, "report").plan
+    assert await store.schedules.enqueue_due_ticks([("report", Schedule.every(seconds=5).spec)], plan, "old") == []
+    assert len(await store.schedules.enqueue_due_ticks([("report", new.spec)], plan, "new")) == 1
+
+
+async def test_a_spec_changed_while_a_run_is_in_flight_is_kept(store: Store, settings: Settings) -> None:
+    gate = asyncio.Event()
+
+    class Waits:
+        async def run(self) -> None:
+            await gate.wait()
+
+    pipeline = ScheduledPipeline(lambda: Waits(), Schedule.every(seconds=1), "report")
+    task = serving(pipeline, settings)
+    await wait_until(lambda: _running(store, "report"), timeout=10)
+    new = Schedule.cron("0 3 1 1 *", timezone="Europe/Berlin")  # another deploy registers a new schedule
+    registered = await store.schedules.upsert(ScheduleRegistration(
+        "report", "cron", new.spec, new.first_run_at(await store.database_now()), 60, 10))
+    gate.set()  # the run in flight ends now
+    await wait_until(lambda: _finished(store, "report"), timeout=10)
+    pipeline.stop()
+    await asyncio.wait_for(task, 15)
+    row = await store.schedules.get("report")
+    assert row is not None and (row.schedule_spec, row.last_status) == (new.spec, "succeeded")
+    assert row.next_run_at == registered.next_run_at  # the new schedule's, not "1 s after the old run"
+
+
+async def _running(store: Store, pipeline_id: str) -> bool:
+    row = await store.schedules.get(pipeline_id)
+    return row is not None and row.lease_owner is not None
+
+
+async def _finished(store: Store, pipeline_id: str) -> bool:
+    row = await store.schedules.get(pipeline_id)
+    return row is not None and row.last_finished_at is not None and row.job_id is None
+
+
+async def test_a_run_whose_worker_died_counts_as_a_failed_run_and_its_late_end_is_fenced(store: Store) -> None:
+    spec = Schedule.every(seconds=1).spec
+    plan = ScheduledPipeline(Recorder(), Schedule.every(seconds=1), "p").plan
+    await store.schedules.upsert(ScheduleRegistration("p", "every", spec, None, 60, 10))
+    [(tick, job)] = await store.schedules.enqueue_due_ticks([("p", spec)], plan, "scheduler")
+    [claimed] = await store.jobs.claim([queries.PIPELINE_QUEUE], 10, "ghost", 30, kinds=["p"])
+    assert claimed.id == job.id
+    assert await store.schedules.enqueue_due_ticks([("p", spec)], plan, "scheduler") == []  # no overlap
+    async with store.connection() as connection:  # the ghost died: its lease passes
+        await connection.execute("UPDATE agora.jobs SET lease_expires_at = now() - interval '1 second'")
+    assert await store.jobs.rescue_expired(3, 3, 100) == [job.id]
+    row = await store.schedules.get("p")
+    assert row is not None and row.job_id is None
+    assert (row.consecutive_errors, row.last_status, row.state) == (1, "abandoned", "active")
+    assert row.last_error is not None and row.last_error.startswith("WorkerLost: worker ghost")
+    assert row.next_run_at is not None and row.next_run_at > datetime.now(UTC) + timedelta(seconds=50)
+    assert (await store.jobs.get(job.id)).status.value == "failed"  # not retried: the schedule decides
+    assert await store.jobs.complete_succeeded([(job.id, claimed.attempt)], "ghost") == set()  # fenced
+    [run] = await runs(store, "p")
+    assert (run["status"], run["worker_id"], run["scheduled_for"]) == ("abandoned", "ghost", tick.tick)
+    assert await store.jobs.rescue_expired(3, 3, 100) == []  # nothing left to take over
 
 
 async def _called(factory: Recorder) -> bool:
@@ -251,7 +320,7 @@ async def _called(factory: Recorder) -> bool:
 
 
 async def serve_once_registered(pipeline: ScheduledPipeline, store: Store, settings: Settings) -> None:
-    task = asyncio.create_task(pipeline.serve(store, "w-new", settings))
+    task = serving(pipeline, settings)
     await wait_until(lambda: _spec_is(store, pipeline), timeout=10)
     pipeline.stop()
     await asyncio.wait_for(task, 10)
@@ -288,6 +357,7 @@ def host_clock_behind(monkeypatch: pytest.MonkeyPatch, behind: timedelta) -> Non
             return datetime.now(tz) - behind
 
     monkeypatch.setattr(scheduled_pipeline, "datetime", HostClock)
+    monkeypatch.setattr(schedules, "datetime", HostClock)
 
 
 async def test_a_host_clock_behind_the_database_does_not_move_the_first_cron_tick(
@@ -322,7 +392,7 @@ async def test_a_host_clock_behind_the_database_never_schedules_a_cron_tick_twic
             "UPDATE agora.schedules SET next_run_at = date_trunc('hour', now()) RETURNING next_run_at"
         )
     again = ScheduledPipeline(factory, schedule, "hourly")
-    task = asyncio.create_task(again.serve(store, "w1", settings))
+    task = serving(again, settings)
     await wait_until(lambda: _called(factory), timeout=10)
     await asyncio.sleep(1.0)  # a second claim would come now if the tick were due again
     assert not task.done()  # still serving: no UniqueViolation escaped
@@ -355,105 +425,18 @@ async def test_a_run_failing_with_text_postgresql_cannot_hold_is_recorded(store:
     assert "raise ValueError" in traceback
 
 
-async def test_lost_lease_is_taken_over_as_a_failed_run_and_the_late_finish_is_fenced(store: Store) -> None:
-    spec = Schedule.every(seconds=1).spec
-    from agora_pg.db.schedule_rows import RunFinish, ScheduleRegistration
-
-    await store.schedules.upsert(ScheduleRegistration("p", "every", spec, None, 60, 10))
-    first = await store.schedules.claim_run("p", spec, "ghost", 30)
-    assert first is not None
-    assert await store.schedules.claim_run("p", spec, "other", 30) is None  # leased: no overlap
-    async with store.connection() as connection:
-        await connection.execute("UPDATE agora.schedules SET lease_expires_at = now() - interval '1 second'")
-    assert await store.schedules.claim_run("p", spec, "other", 30) is None  # an expired lease is rescued first
-    rescued = await store.schedules.rescue_run("p")
-    assert rescued is not None and rescued.lease_owner is None
-    assert (rescued.consecutive_errors, rescued.last_status, rescued.state) == (1, "abandoned", "active")
-    assert rescued.last_error is not None and rescued.last_error.startswith("WorkerLost: worker ghost")
-    assert rescued.next_run_at is not None and rescued.next_run_at > datetime.now(UTC) + timedelta(seconds=50)
-    assert await store.schedules.rescue_run("p") is None  # nothing left to take over
-    async with store.connection() as connection:
-        await connection.execute("UPDATE agora.schedules SET next_run_at = now()")
-    second = await store.schedules.claim_run("p", spec, "other", 30)
-    assert second is not None and second.run_id != first.run_id
-    assert second.scheduled_for > first.scheduled_for
-    late = RunFinish("p", "ghost", first.run_id, "succeeded", None, None, 0, datetime.now(UTC), "active")
-    assert await store.schedules.finish_run(late) is False
-    statuses = {run["worker_id"]: run["status"] for run in await runs(store, "p")}
-    assert statuses == {"ghost": "abandoned", "other": "running"}
-
-
-async def test_a_claim_whose_reply_was_lost_is_settled_by_the_next_claim(store: Store) -> None:
-    from agora_pg.db.schedule_rows import ScheduleRegistration
-
-    spec = Schedule.every(seconds=60).spec
-    await store.schedules.upsert(ScheduleRegistration("p", "every", spec, None, 60, 10))
-    lost = await store.schedules.claim_run("p", spec, "w", 30)  # committed; say its reply never came
-    assert lost is not None
-    again = await store.schedules.claim_run("p", spec, "w", 30)
-    assert again is not None and again.run_id != lost.run_id
-    assert again.scheduled_for > lost.scheduled_for  # the abandoned row keeps its tick
-    recorded = await runs(store, "p")
-    assert [run["status"] for run in recorded] == ["abandoned", "running"]
-    assert recorded[0]["error_message"].startswith("ClaimLost: the claim's reply was lost")
-    assert await store.schedules.claim_run("p", spec, "other", 30) is None  # still leased: no overlap
-
-
-def _cte_scans(node: dict[str, Any]) -> list[dict[str, Any]]:
-    found = [node] if node.get("Node Type") == "CTE Scan" else []
-    return found + [scan for child in node.get("Plans", []) for scan in _cte_scans(child)]
-
-
-async def test_a_claim_beside_another_process_s_running_runs_reads_its_due_rows_once(store: Store) -> None:
-    # The first tick of a second process on a young runs table: 300 runs of another process
-    # are running. The claim once scanned its due rows again for each of them.
-    from agora_pg.db import queries
-    from agora_pg.db.schedule_rows import ScheduleRegistration
-
-    spec = Schedule.cron("* * * * *").spec
-    mine, theirs = [f"mine-{i:03d}" for i in range(300)], [f"theirs-{i:03d}" for i in range(300)]
-    for pipeline_id in mine + theirs:
-        await store.schedules.upsert(ScheduleRegistration(pipeline_id, "cron", spec, None, 60, 10))
-    async with store.connection() as connection:
-        await connection.execute("UPDATE agora.schedules SET next_run_at = now() - interval '1 second'")
-    assert len(await store.schedules.claim_runs([(p, spec) for p in theirs], "them", 30)) == 300
-    async with store.connection() as connection:
-        transaction = connection.transaction()
-        await transaction.start()
-        try:
-            [[plan]] = await connection.fetch(
-                f"EXPLAIN (ANALYZE, FORMAT JSON) {queries.CLAIM_PIPELINE_RUNS}", mine, "me", [spec] * len(mine), 30.0
-            )
-        finally:
-            await transaction.rollback()
-    root = json.loads(plan)[0]["Plan"]
-    assert root["Actual Rows"] == len(mine)
-    rescans = [scan for scan in _cte_scans(root) if scan["Actual Loops"] > 1]
-    assert rescans == [], json.dumps(root)
-
-
-async def test_the_same_tick_cannot_be_recorded_twice(store: Store) -> None:
-    when = datetime.now(UTC)
-    async with store.connection() as connection:
-        insert = "INSERT INTO agora.runs (pipeline_id, status, scheduled_for) VALUES ('p', 'succeeded', $1)"
-        await connection.execute(insert, when)
-        with pytest.raises(asyncpg.UniqueViolationError):
-            await connection.execute(insert, when)
-
-
-async def test_a_cancelled_run_is_recorded_and_released(store: Store, settings: Settings) -> None:
+async def test_a_run_cut_short_at_shutdown_is_recorded_and_due_again_at_once(store: Store, settings: Settings) -> None:
     factory = Recorder(sleep=60)
-    pipeline = ScheduledPipeline(factory, Schedule.every(hours=1), "long")
-    task = asyncio.create_task(pipeline.serve(store, "w1", settings))
-    await wait_until(lambda: _called(factory), timeout=10)
-    await asyncio.sleep(0.1)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    pool = WorkerPool(graceful_shutdown_timeout=0.2, settings=settings).register(
+        ScheduledPipeline(factory, Schedule.every(hours=1), "long"))
+    task = asyncio.create_task(pool.run(handle_signals=False))
+    await wait_until(lambda: _running(store, "long"), timeout=10)
+    pool.stop()
+    await asyncio.wait_for(task, 15)
     [run] = await runs(store, "long")
-    assert run["status"] == "cancelled"
+    assert run["status"] == "cancelled" and run["error_message"].startswith("WorkerShutdown")
     row = await store.schedules.get("long")
-    assert row is not None and row.lease_owner is None
+    assert row is not None and row.job_id is None and row.consecutive_errors == 0  # not counted
     assert row.next_run_at is not None and row.next_run_at <= datetime.now(UTC)  # another worker may take it at once
 
 
@@ -563,155 +546,4 @@ async def _count(recorder: Recorder, calls: int) -> bool:
 
 async def _idle(store: Store, pipeline_id: str) -> bool:
     row = await store.schedules.get(pipeline_id)
-    return row is not None and row.lease_owner is None
-
-
-async def test_runs_due_together_are_claimed_together(store: Store) -> None:
-    # 300 pipelines due at once, asked for by their loops at the same moment: a handful of
-    # statements claim them all, each exactly once, each with its own run row; a pipeline
-    # registered with another spec, or not due, is not claimed.
-    from agora_pg.db.schedule_rows import ScheduleRegistration
-    from agora_pg.runner.run_batches import RunBatches
-
-    spec = Schedule.every(seconds=60).spec
-    ids = [f"p{i:03}" for i in range(300)]
-    for pipeline_id in ids:
-        await store.schedules.upsert(ScheduleRegistration(pipeline_id, "every", spec, None, 60, 10))
-    await store.schedules.upsert(ScheduleRegistration("later", "every", spec, datetime.now(UTC) + timedelta(hours=1), 60, 10))
-    statements: list[int] = []
-    claim_many = store.schedules.claim_runs
-
-    async def counted(pipelines: Any, worker_id: str, lease_seconds: float) -> Any:
-        statements.append(len(pipelines))
-        return await claim_many(pipelines, worker_id, lease_seconds)
-
-    store.schedules.claim_runs = counted  # type: ignore[method-assign]
-    claims = RunBatches(store, "w", 30)
-    claimed = await asyncio.gather(
-        *(claims.claim(pipeline_id, spec) for pipeline_id in ids),
-        claims.claim("later", spec),
-        claims.claim("p000", "every(seconds=5)"),  # (the same id again, with another spec: the next statement)
-    )
-    assert len(statements) <= 3 and sum(statements) == 302, statements
-    assert claimed[-2:] == [None, None]
-    runs_claimed = [run for run in claimed[:-2] if run is not None]
-    assert [run.schedule.pipeline_id for run in runs_claimed] == ids
-    assert len({run.run_id for run in runs_claimed}) == 300
-    async with store.connection() as connection:
-        counts = await connection.fetchrow(
-            "SELECT count(*) AS runs, count(DISTINCT pipeline_id) AS pipelines FROM agora.runs WHERE status = 'running'"
-        )
-        leased = await connection.fetchval("SELECT count(*) FROM agora.schedules WHERE lease_owner = 'w'")
-    assert (counts["runs"], counts["pipelines"], leased) == (300, 300, 300)
-    assert await RunBatches(store, "other", 30).claim("p001", spec) is None  # leased: another worker waits
-
-
-async def test_runs_ending_together_are_recorded_together_while_their_leases_are_renewed(store: Store) -> None:
-    # 200 runs end at once while the heartbeat renews all their leases in a loop: a handful
-    # of statements record them all, a run whose lease went to another worker is fenced
-    # (False, its run row untouched), and renewals and batched finishes never deadlock
-    # (a renewal skips the rows a finish holds).
-    from agora_pg.db.schedule_rows import RunFinish, ScheduleRegistration
-    from agora_pg.runner.run_batches import RunBatches
-
-    spec = Schedule.every(seconds=60).spec
-    ids = [f"p{i:03}" for i in range(200)]
-    for pipeline_id in ids:
-        await store.schedules.upsert(ScheduleRegistration(pipeline_id, "every", spec, None, 60, 10))
-    await store.workers.register("w", "host", 1, ["default"])
-    batches = RunBatches(store, "w", 30)
-    claimed = await asyncio.gather(*(batches.claim(pipeline_id, spec) for pipeline_id in ids))
-    runs_by_id = {run.schedule.pipeline_id: run for run in claimed if run is not None}
-    assert len(runs_by_id) == 200
-    async with store.connection() as connection:
-        await connection.execute("UPDATE agora.schedules SET lease_owner = 'thief' WHERE pipeline_id = 'p007'")
-    statements: list[int] = []
-    finish_many = store.schedules.finish_runs
-
-    async def counted(finishes: Any) -> Any:
-        statements.append(len(finishes))
-        return await finish_many(finishes)
-
-    store.schedules.finish_runs = counted  # type: ignore[method-assign]
-    held = [(pipeline_id, run.run_id) for pipeline_id, run in runs_by_id.items()]
-    finishing = True
-
-    async def heartbeat() -> int:
-        rounds = 0
-        while finishing:
-            await store.workers.renew_leases("w", 30, [], held[::-1] if rounds % 2 else held)
-            rounds += 1
-        return rounds
-
-    renewing = asyncio.create_task(heartbeat())
-
-    async def end(pipeline_id: str) -> bool:
-        await asyncio.sleep(0.001 * (hash(pipeline_id) % 20))  # (ends spread over 20 ms)
-        run = runs_by_id[pipeline_id]
-        next_run = datetime.now(UTC) + timedelta(seconds=60)
-        return await batches.finish(RunFinish(pipeline_id, "w", run.run_id, "succeeded", None, None, 0, next_run, "active"))
-
-    recorded = await asyncio.wait_for(asyncio.gather(*(end(pipeline_id) for pipeline_id in ids)), 30)
-    finishing = False
-    assert await asyncio.wait_for(renewing, 30) >= 1
-    assert recorded == [pipeline_id != "p007" for pipeline_id in ids]
-    assert 1 <= len(statements) <= 20 and sum(statements) == 200, statements
-    async with store.connection() as connection:
-        statuses = dict(await connection.fetch("SELECT status, count(*) FROM agora.runs GROUP BY status"))
-        leased = await connection.fetchval("SELECT count(*) FROM agora.schedules WHERE lease_owner IS NOT NULL")
-    assert statuses == {"succeeded": 199, "running": 1}
-    assert leased == 1  # (the thief's)
-
-
-async def test_a_renewal_skips_a_run_being_finished_and_does_not_call_it_lost(store: Store) -> None:
-    import asyncpg
-
-    from agora_pg.db.schedule_rows import ScheduleRegistration
-    from agora_pg.runner.run_batches import RunBatches
-
-    spec = Schedule.every(seconds=60).spec
-    await store.schedules.upsert(ScheduleRegistration("p", "every", spec, None, 60, 10))
-    await store.workers.register("w", "host", 1, ["default"])
-    run = await RunBatches(store, "w", 30).claim("p", spec)
-    assert run is not None
-    token = [("p", run.run_id)]
-    holder = await asyncpg.connect(store.database.asyncpg_url)
-    try:
-        async with holder.transaction():
-            await holder.execute("SELECT 1 FROM agora.schedules WHERE pipeline_id = 'p' FOR UPDATE")
-            # locked as by the run's finish in flight: the renewal neither waits for it (it
-            # would then find the run gone and stop it as lost) nor calls it lost
-            renewal = await asyncio.wait_for(store.workers.renew_leases("w", 60, [], token), timeout=5)
-            assert renewal.lost_runs == set()
-    finally:
-        await holder.close()
-    assert (await store.workers.renew_leases("w", 60, [], token)).lost_runs == set()
-    async with store.connection() as connection:
-        await connection.execute("UPDATE agora.schedules SET lease_owner = 'thief' WHERE pipeline_id = 'p'")
-    assert (await store.workers.renew_leases("w", 60, [], token)).lost_runs == {"p"}
-
-
-async def test_a_renewal_just_after_a_run_finished_does_not_call_it_lost(store: Store) -> None:
-    """The finish has committed but the worker has not let go of the lease yet (2,000 runs
-    finishing at once showed it as "lease lost (another worker holds it now)")."""
-    from agora_pg.db.schedule_rows import RunFinish, ScheduleRegistration
-    from agora_pg.runner.run_batches import RunBatches
-
-    spec = Schedule.every(seconds=60).spec
-    await store.schedules.upsert(ScheduleRegistration("p", "every", spec, None, 60, 10))
-    await store.workers.register("w", "host", 1, ["default"])
-    batches = RunBatches(store, "w", 30)
-    run = await batches.claim("p", spec)
-    assert run is not None
-    assert await batches.finish(RunFinish("p", "w", run.run_id, "succeeded", None, None, 0, None, "active", 60.0))
-    assert (await store.workers.renew_leases("w", 60, [], [("p", run.run_id)])).lost_runs == set()
-    # a run taken from it by a rescue (its row says WorkerLost): lost
-    async with store.connection() as connection:
-        await connection.execute("UPDATE agora.schedules SET next_run_at = now() - interval '1 second'")
-    taken = await batches.claim("p", spec)
-    assert taken is not None
-    async with store.connection() as connection:
-        await connection.execute(
-            "UPDATE agora.runs SET status = 'abandoned', error_type = 'WorkerLost' WHERE id = $1", taken.run_id)
-        await connection.execute("UPDATE agora.schedules SET lease_owner = 'other', lease_run_id = NULL")
-    assert (await store.workers.renew_leases("w", 60, [], [("p", taken.run_id)])).lost_runs == {"p"}
+    return row is not None and row.job_id is None

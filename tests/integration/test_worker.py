@@ -294,7 +294,7 @@ async def test_lost_worker_job_is_rescued_and_its_late_outcome_is_fenced(queue: 
     [second_claim] = await store.jobs.claim(["default"], 1, "alive", 30)
     assert second_claim.attempt == 2
     # the ghost wakes up: its renewal and its completion must change nothing
-    renewal = await store.workers.renew_leases("ghost", 9999, [(ghost_claim.id, ghost_claim.attempt)], [])
+    renewal = await store.workers.renew_leases("ghost", 9999, [(ghost_claim.id, ghost_claim.attempt)])
     assert renewal.lost_jobs == {(job.id, ghost_claim.attempt)}
     assert await store.jobs.complete_succeeded([(ghost_claim.id, ghost_claim.attempt)], "ghost") == set()
     current = await store.jobs.get(job.id)
@@ -335,11 +335,11 @@ async def test_renewal_skips_rows_being_finished_instead_of_waiting(queue: Queue
             await holder.execute("SELECT 1 FROM agora.jobs WHERE id = $1 FOR UPDATE", claimed.id)
             # the row is locked (as by an outcome being written): the renewal must not block on
             # it, nor call it lost
-            renewal = await asyncio.wait_for(store.workers.renew_leases("w", 60, token, []), timeout=5)
+            renewal = await asyncio.wait_for(store.workers.renew_leases("w", 60, token), timeout=5)
             assert renewal.lost_jobs == set() and renewal.worker_renewed
     finally:
         await holder.close()
-    await store.workers.renew_leases("w", 60, token, [])  # once free, its lease is folded into the worker's
+    await store.workers.renew_leases("w", 60, token)  # once free, its lease is folded into the worker's
     async with store.connection() as connection:
         own, worker_lease = await connection.fetchrow(
             "SELECT j.lease_expires_at, w.lease_expires_at FROM agora.jobs AS j, agora.workers AS w "

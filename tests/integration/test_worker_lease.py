@@ -28,7 +28,7 @@ async def _worker_lease(store: Store, worker_id: str) -> Any:
 async def _live_worker(store: Store, worker_id: str) -> None:
     """A registered worker whose lease supervisor has renewed once: its worker lease is live."""
     await store.workers.register(worker_id, "host", 1, ["default"])
-    assert (await store.workers.renew_leases(worker_id, 30, [], [])).worker_renewed
+    assert (await store.workers.renew_leases(worker_id, 30, [])).worker_renewed
 
 
 async def test_jobs_claimed_under_a_live_worker_lease_have_none_of_their_own(queue: Queue, store: Store) -> None:
@@ -50,7 +50,7 @@ async def test_a_renewal_writes_the_workers_row_and_no_job_row(queue: Queue, sto
     claimed = await store.jobs.claim(["default"], 5, "w", 30)
     ids = [job.id for job in claimed]
     before, lease_before = await _versions(store, ids), await _worker_lease(store, "w")
-    renewal = await store.workers.renew_leases("w", 30, [(job.id, job.attempt) for job in claimed], [])
+    renewal = await store.workers.renew_leases("w", 30, [(job.id, job.attempt) for job in claimed])
     assert (renewal.lost_jobs, renewal.cancel_jobs, renewal.unknown_jobs) == (set(), set(), set())
     assert await _versions(store, ids) == before  # not one job row written
     assert await _worker_lease(store, "w") > lease_before
@@ -64,7 +64,7 @@ async def test_a_renewal_still_finds_lost_and_cancelled_attempts(queue: Queue, s
     await store.jobs.cancel(second.id)
     async with store.connection() as connection:  # the first one is taken from this worker
         await connection.execute("UPDATE agora.jobs SET locked_by = 'other' WHERE id = $1", first.id)
-    renewal = await store.workers.renew_leases("w", 30, tokens, [])
+    renewal = await store.workers.renew_leases("w", 30, tokens)
     assert renewal.lost_jobs == {(first.id, 1)}
     assert renewal.cancel_jobs == {(second.id, 1)}
 
@@ -78,7 +78,7 @@ async def test_a_renewal_names_the_jobs_held_unknowingly(queue: Queue, store: St
             "UPDATE agora.jobs SET started_at = now() - interval '5 seconds' WHERE id = ANY($1::bigint[])",
             [known.id, unknown.id],
         )
-    renewal = await store.workers.renew_leases("w", 30, [(known.id, claimed[known.id].attempt)], [])
+    renewal = await store.workers.renew_leases("w", 30, [(known.id, claimed[known.id].attempt)])
     # (a claim that just committed may not be held yet: it is not named)
     assert renewal.unknown_jobs == {unknown.id} and fresh.id not in renewal.unknown_jobs
 
@@ -103,7 +103,7 @@ async def test_the_jobs_of_a_worker_whose_lease_passed_are_rescued(queue: Queue,
     assert rescued.error_message == f"WorkerLost: worker gone stopped renewing its lease, which expired at {passed}"
     assert (await store.jobs.get(kept.id)).status is JobStatus.PROCESSING  # the live worker's job stays
     # the gone worker comes back: its renewal finds the job lost, its late outcome is fenced
-    renewal = await store.workers.renew_leases("gone", 30, [(claimed.id, claimed.attempt)], [])
+    renewal = await store.workers.renew_leases("gone", 30, [(claimed.id, claimed.attempt)])
     assert renewal.lost_jobs == {(claimed.id, claimed.attempt)}
     assert await store.jobs.complete_succeeded([(claimed.id, claimed.attempt)], "gone") == set()
 
@@ -133,14 +133,14 @@ async def test_a_claim_without_a_live_worker_lease_gives_the_job_its_own(queue: 
     [before_renewal] = await store.jobs.claim(["default"], 1, "w", 30)
     assert before_renewal.lease_expires_at is not None
     # the first renewal folds it into the worker's lease
-    assert (await store.workers.renew_leases("w", 30, [(before_renewal.id, before_renewal.attempt)], [])).worker_renewed
+    assert (await store.workers.renew_leases("w", 30, [(before_renewal.id, before_renewal.attempt)])).worker_renewed
     async with store.connection() as connection:
         await connection.execute("UPDATE agora.workers SET lease_expires_at = now() - interval '1 second'")
     [after_it_passed] = await store.jobs.claim(["default"], 1, "w", 30)
     assert after_it_passed.lease_expires_at is not None
     # the worker's lease passed: the job under it is rescued, the one with its own lease is not yet
     assert await JobRescuer(store, 3, 3).run_once() == [before_renewal.id]
-    renewal = await store.workers.renew_leases("w", 30, [(after_it_passed.id, after_it_passed.attempt)], [])
+    renewal = await store.workers.renew_leases("w", 30, [(after_it_passed.id, after_it_passed.attempt)])
     assert renewal.lost_jobs == set()
     async with store.connection() as connection:
         assert await connection.fetchval("SELECT lease_expires_at FROM agora.jobs WHERE id = $1",
@@ -244,11 +244,11 @@ async def test_a_worker_whose_row_was_deleted_renews_leases_of_the_jobs_own(queu
     assert claimed.lease_expires_at is None
     async with store.connection() as connection:
         await connection.execute("DELETE FROM agora.workers WHERE id = 'w'")  # by hand
-    renewal = await store.workers.renew_leases("w", 30, [(claimed.id, claimed.attempt)], [])
+    renewal = await store.workers.renew_leases("w", 30, [(claimed.id, claimed.attempt)])
     assert not renewal.worker_renewed and renewal.lost_jobs == set()
     first = (await store.jobs.get(claimed.id)).lease_expires_at
     assert first is not None  # a lease of its own now, which the next renewal extends
-    await store.workers.renew_leases("w", 30, [(claimed.id, claimed.attempt)], [])
+    await store.workers.renew_leases("w", 30, [(claimed.id, claimed.attempt)])
     assert (await store.jobs.get(claimed.id)).lease_expires_at > first  # type: ignore[operator]
 
 
@@ -303,5 +303,5 @@ async def test_a_renewal_just_after_an_outcome_was_written_does_not_call_it_lost
     assert await store.jobs.complete_succeeded([(done.id, done.attempt)], "w") == {done.id}
     finish = JobFinish(failed.id, failed.attempt, "failed", "ValueError", "ValueError: no", None, 5.0, False)
     assert await store.jobs.finish([finish], "w", 3, 3) == {failed.id}
-    renewal = await store.workers.renew_leases("w", 30, [(done.id, done.attempt), (failed.id, failed.attempt)], [])
+    renewal = await store.workers.renew_leases("w", 30, [(done.id, done.attempt), (failed.id, failed.attempt)])
     assert renewal.lost_jobs == set()

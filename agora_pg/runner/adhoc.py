@@ -1,0 +1,76 @@
+"""A pipeline run now, outside its schedule (``agora-pg run``): a job like a scheduled run's.
+
+The run is a job of the queue ``agora:pipelines`` (kind: the pipeline id) that this
+process enqueues and claims with a worker of its own, so it has a lease, a fence and a
+rescue like every run: a process killed mid-run leaves a job whose lease passes, and
+any worker's rescuer records the run ``abandoned``. The job's dedup key is the
+pipeline's, so the run never overlaps one in flight: it waits for that one to end (or
+for its lease to pass, rescuing it then itself). It changes no schedule.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from agora_pg.db import queries
+from agora_pg.db.store import Store
+from agora_pg.errors import AgoraError
+from agora_pg.jobs import Job, JobStatus
+from agora_pg.runner.scheduled_pipeline import Factory, pipeline_run_job, run_pipeline_job
+from agora_pg.settings import Settings
+from agora_pg.worker.worker import Worker
+
+log = logging.getLogger("agora_pg.runner")
+
+POLL_SECONDS = 0.2  # how often the run's job is looked at while another process may run it
+RESCUE_BATCH = 100  # jobs whose lease passed, taken back per look while waiting
+ENDED = {JobStatus.DONE, JobStatus.FAILED, JobStatus.CANCELLED}
+NO_GRACE_LIMIT = 10.0**9  # the run is the point of the process: stopping its worker never cuts it short
+
+
+async def run_now(store: Store, settings: Settings, pipeline_id: str, factory: Factory) -> Job:
+    """Run ``factory``'s pipeline once as a job of ``pipeline_id``, here (or wherever a
+    worker claims it first), after any run of it in flight; returns the job once it has ended."""
+    job = await _enqueue_after_run_in_flight(store, settings, pipeline_id)
+    started = asyncio.Event()
+
+    async def handler(claimed: Job, resources: Store) -> None:
+        started.set()
+        await run_pipeline_job(factory, claimed, resources)
+
+    worker = Worker({pipeline_id: handler}, resources=store)
+    worker.claim_kinds = (pipeline_id,)
+    serving = asyncio.create_task(worker.serve(store, settings.replace(
+        queues=(queries.PIPELINE_QUEUE,), concurrency=1, job_timeout=None, retention=None,
+        shutdown_timeout=NO_GRACE_LIMIT)))
+    try:
+        while True:
+            if started.is_set():
+                worker.stop()  # no other job: this one runs to its end, then the worker stops
+            current = await store.jobs.get(job.id)
+            if current.status in ENDED:
+                return current
+            done, _ = await asyncio.wait([serving], timeout=POLL_SECONDS)
+            if done and not started.is_set():
+                serving.result()  # the worker's own error, if any
+                raise AgoraError(f"pipeline {pipeline_id}: the worker stopped before job {job.id} started")
+    finally:
+        worker.stop()
+        await serving
+
+
+async def _enqueue_after_run_in_flight(store: Store, settings: Settings, pipeline_id: str) -> Job:
+    """The run's job, enqueued once no run of the pipeline is in flight (a run whose worker
+    died is rescued here once its lease has passed)."""
+    waiting_for = None
+    while True:
+        when = await store.database_now()
+        [(job, inserted)] = await store.jobs.enqueue([pipeline_run_job(pipeline_id, when, run="now")])
+        if inserted:
+            return job
+        if waiting_for != job.id:
+            log.warning("pipeline %s: a run is in flight (job %d); waiting for it to end", pipeline_id, job.id)
+            waiting_for = job.id
+        await store.jobs.rescue_expired(settings.max_lost_attempts, settings.max_retries, RESCUE_BATCH)
+        await asyncio.sleep(POLL_SECONDS)
