@@ -13,13 +13,12 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from agora_pg.db import queries
 from agora_pg.db.store import Store
 from agora_pg.errors import AgoraError
 from agora_pg.jobs import Job, JobStatus
 from agora_pg.runner.scheduled_pipeline import Factory, pipeline_run_job, run_pipeline_job
+from agora_pg.runner.worker_pool import pipeline_worker
 from agora_pg.settings import Settings
-from agora_pg.worker.worker import Worker
 
 log = logging.getLogger("agora_pg.runner")
 
@@ -39,11 +38,8 @@ async def run_now(store: Store, settings: Settings, pipeline_id: str, factory: F
         started.set()
         await run_pipeline_job(factory, claimed, resources)
 
-    worker = Worker({pipeline_id: handler}, resources=store)
-    worker.claim_kinds = (pipeline_id,)
-    serving = asyncio.create_task(worker.serve(store, settings.replace(
-        queues=(queries.PIPELINE_QUEUE,), concurrency=1, job_timeout=None, retention=None,
-        shutdown_timeout=NO_GRACE_LIMIT)))
+    worker, run_settings = pipeline_worker({pipeline_id: handler}, store, settings)
+    serving = asyncio.create_task(worker.serve(store, run_settings.replace(shutdown_timeout=NO_GRACE_LIMIT)))
     try:
         while True:
             if started.is_set():

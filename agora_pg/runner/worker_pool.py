@@ -32,11 +32,24 @@ from agora_pg.runtime.database_calls import StopSignal
 from agora_pg.runtime.leases import LeaseSupervisor, supervising
 from agora_pg.runtime.process import check_schema, new_worker_id, warn_unknown_settings
 from agora_pg.settings import Settings, load_settings
+from agora_pg.worker.handlers import Handler
 from agora_pg.worker.worker import Worker
 
 log = logging.getLogger("agora_pg.runner")
 
 TERMINAL_STATES = {"stopped"}
+
+
+def pipeline_worker(
+    handlers: dict[str, Handler], store: Store, settings: Settings
+) -> tuple[Worker, Settings]:
+    """A job worker of the pipelines' queue that claims the jobs of ``handlers``' pipelines
+    and no other, and its settings: one run of each at a time, as long as it runs, no
+    pruning (the job worker's)."""
+    worker = Worker(handlers, resources=store)
+    worker.claim_kinds = tuple(handlers)
+    return worker, settings.replace(queues=(queries.PIPELINE_QUEUE,), concurrency=len(handlers), job_timeout=None,
+                                    retention=None)
 
 
 class PipelineFailed(AgoraError):
@@ -167,10 +180,8 @@ class WorkerPool:
             serving = self.job_worker.serve(store, worker_settings, supervisor)
             tasks[asyncio.create_task(serving, name="jobs")] = self.job_worker
         if self.pipelines:
-            self.pipeline_worker = self._pipeline_worker(store)
-            # one run of each pipeline at a time, as long as it runs; no pruning (the job worker's)
-            pipeline_settings = worker_settings.replace(
-                queues=(queries.PIPELINE_QUEUE,), concurrency=len(self.pipelines), job_timeout=None, retention=None)
+            self.pipeline_worker, pipeline_settings = pipeline_worker(
+                {pipeline.pipeline_id: pipeline.run_job for pipeline in self.pipelines}, store, worker_settings)
             serving = self.pipeline_worker.serve(store, pipeline_settings)
             tasks[asyncio.create_task(serving, name="pipelines")] = self.pipeline_worker
         scheduling = None
@@ -201,12 +212,6 @@ class WorkerPool:
         if failure is not None:
             log.error("%s", failure)
             raise failure
-
-    def _pipeline_worker(self, store: Store) -> Worker:
-        """The job worker that runs this pool's pipelines: each pipeline's jobs, no other."""
-        worker = Worker({pipeline.pipeline_id: pipeline.run_job for pipeline in self.pipelines}, resources=store)
-        worker.claim_kinds = tuple(pipeline.pipeline_id for pipeline in self.pipelines)
-        return worker
 
     async def _watch(self, tasks: dict[asyncio.Task[Any], Worker]) -> AgoraError | None:
         """Wait for a shutdown signal, a worker's end, a pipeline's stop after too many
