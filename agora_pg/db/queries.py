@@ -624,19 +624,35 @@ SELECT_SCHEDULES = SELECT_SCHEDULE.replace("WHERE pipeline_id = $1", "WHERE pipe
 _NO_LIVE_RUN = _LIVE_PIPELINE_JOB.replace("(SELECT {column} FROM", "NOT EXISTS (SELECT FROM").replace(
     "|| pipeline_id", "|| s.pipeline_id")
 
-# The due ticks of schedules $1 (text[]), each registered with the spec at the same place
-# in $2, or due within $3 seconds (enqueued ahead, as jobs due at their tick), locked until the transaction that turns them into jobs ends (another process's
-# scheduler skips them), with the database clock (one reading for all: the next cron tick
-# after it is worked out once). A pipeline whose run is still alive is not due (its run's
-# end sets its next run).
+# The schedules $1 (text[]) this process serves, each registered with the spec at the
+# same place in $2, and, for a once-per-launch pipeline, the launch at that place in $4
+# ('' for others): a launch a run of which succeeded (whichever process ran it) wants no
+# other run, while another launch of the same pipeline may still want one.
+_WANTED = f"""
+JOIN unnest($1::text[], $2::text[], $4::text[]) AS wanted(pipeline_id, spec, launch)
+  ON s.pipeline_id = wanted.pipeline_id AND s.schedule_spec = wanted.spec
+WHERE s.state = 'active' AND {_NO_LIVE_RUN}
+  AND (wanted.launch = '' OR NOT EXISTS (
+      SELECT FROM agora.jobs AS j WHERE j.kind = s.pipeline_id AND j.queue = '{PIPELINE_QUEUE}'
+        AND j.status = 'done' AND j.payload->>'launch' = wanted.launch))"""
+
+# The due ticks of the schedules wanted (_WANTED), or those due within $3 seconds
+# (enqueued ahead, as jobs due at their tick), locked until the transaction that turns
+# them into jobs ends (another process's scheduler skips them), with the database clock
+# (one reading for all: the next cron tick after it is worked out once). A pipeline whose
+# run is still alive is not due (its run's end sets its next run).
 DUE_TICKS = f"""
 SELECT s.pipeline_id, s.next_run_at AS tick, statement_timestamp() AS database_now
-FROM agora.schedules AS s
-JOIN unnest($1::text[], $2::text[]) AS wanted(pipeline_id, spec)
-  ON s.pipeline_id = wanted.pipeline_id AND s.schedule_spec = wanted.spec
-WHERE s.state = 'active' AND s.next_run_at <= clock_timestamp() + make_interval(secs => $3) AND {_NO_LIVE_RUN}
+FROM agora.schedules AS s {_WANTED}
+  AND s.next_run_at <= clock_timestamp() + make_interval(secs => $3)
 ORDER BY s.pipeline_id
 FOR UPDATE OF s SKIP LOCKED
+"""
+
+# A done run of once-per-launch pipeline $1 by launch $2, if any.
+LAUNCH_SUCCEEDED = f"""
+SELECT EXISTS (SELECT FROM agora.jobs WHERE kind = $1 AND queue = '{PIPELINE_QUEUE}' AND status = 'done'
+               AND payload->>'launch' = $2)
 """
 
 # Record ticks turned into jobs: schedule $1[i]'s tick $2[i] enqueued job $3[i]; its next run
@@ -666,10 +682,7 @@ FROM ticked
 # process holds it).
 NEXT_TICK_IN = f"""
 SELECT extract(epoch FROM min(s.next_run_at) - clock_timestamp()) AS seconds
-FROM agora.schedules AS s
-JOIN unnest($1::text[], $2::text[]) AS wanted(pipeline_id, spec)
-  ON s.pipeline_id = wanted.pipeline_id AND s.schedule_spec = wanted.spec
-WHERE s.state = 'active' AND {_NO_LIVE_RUN}
+FROM agora.schedules AS s {_WANTED.replace("$4", "$3")}
 """
 
 # The database clock.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from agora_pg.db import queries
@@ -53,17 +53,19 @@ class ScheduleTable:
 
     async def enqueue_due_ticks(
         self, wanted: Sequence[tuple[str, str]], plan: Callable[[DueTick], TickJob], worker_id: str,
-        ahead_seconds: float = 0.0,
+        ahead_seconds: float = 0.0, launches: Mapping[str, str] | None = None,
     ) -> list[tuple[TickJob, Job]]:
         """Turn the due ticks of the schedules ``wanted`` ((pipeline id, spec) pairs) into
         jobs, in one transaction: lock them, ``plan`` each (pure: the job and the next run),
         insert the jobs, advance the schedules of periodic jobs and record each of their
         ticks as a run (a pipeline's run is recorded when its job ends). Ticks another
         process is enqueueing, and pipelines whose run is still alive, are skipped. Ticks due
-        within ``ahead_seconds`` are taken too (``plan`` makes their jobs due at the tick)."""
-        ids, specs = [pipeline_id for pipeline_id, _ in wanted], [spec for _, spec in wanted]
+        within ``ahead_seconds`` are taken too (``plan`` makes their jobs due at the tick).
+        ``launches``: the launch of each once-per-launch pipeline, which is not due once a
+        run of that launch succeeded."""
+        ids, specs, launch_ids = _wanted(wanted, launches)
         async with self._store.connection() as connection, connection.transaction():
-            rows = await connection.fetch(queries.DUE_TICKS, ids, specs, float(ahead_seconds))
+            rows = await connection.fetch(queries.DUE_TICKS, ids, specs, float(ahead_seconds), launch_ids)
             if not rows:
                 return []
             ticks = [plan(DueTick(row["pipeline_id"], row["tick"], row["database_now"])) for row in rows]
@@ -76,12 +78,19 @@ class ScheduleTable:
                 )
         return list(zip(ticks, jobs, strict=True))
 
-    async def next_tick_in(self, wanted: Sequence[tuple[str, str]]) -> float | None:
+    async def next_tick_in(
+        self, wanted: Sequence[tuple[str, str]], launches: Mapping[str, str] | None = None,
+    ) -> float | None:
         """Seconds until the first of the schedules ``wanted`` falls due (None: none is active)."""
-        ids, specs = [pipeline_id for pipeline_id, _ in wanted], [spec for _, spec in wanted]
         async with self._store.connection() as connection:
-            seconds = await connection.fetchval(queries.NEXT_TICK_IN, ids, specs)
+            seconds = await connection.fetchval(queries.NEXT_TICK_IN, *_wanted(wanted, launches))
         return None if seconds is None else float(seconds)
+
+    async def launch_succeeded(self, pipeline_id: str, launch: str) -> bool:
+        """Whether a run of once-per-launch pipeline ``pipeline_id`` by ``launch`` succeeded
+        (whichever process ran it)."""
+        [row] = await self._store.fetch(queries.LAUNCH_SUCCEEDED, pipeline_id, launch)
+        return bool(row[0])
 
     async def all(self) -> list[ScheduleRow]:
         return [ScheduleRow.from_row(row) for row in await self._store.fetch(queries.LIST_SCHEDULES)]
@@ -114,3 +123,12 @@ class ScheduleTable:
             raise ScheduleNotFound(pipeline_id)
         state = "running" if row.state == "active" and row.job_id is not None else row.state
         raise ScheduleConflict(pipeline_id, state, action, problem)
+
+
+def _wanted(
+    wanted: Sequence[tuple[str, str]], launches: Mapping[str, str] | None,
+) -> tuple[list[str], list[str], list[str]]:
+    """The arrays of _WANTED: pipeline ids, specs, and launches ('' for none)."""
+    launches = launches or {}
+    return ([pipeline_id for pipeline_id, _ in wanted], [spec for _, spec in wanted],
+            [launches.get(pipeline_id, "") for pipeline_id, _ in wanted])

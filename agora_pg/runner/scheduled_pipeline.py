@@ -144,6 +144,10 @@ class ScheduledPipeline:
         self.max_consecutive_errors = max_consecutive_errors
         self.stopping = StopSignal()  # set by stop(): a resumable pipeline ends after its current batch
         self.running = False
+        # a once-per-launch schedule: this launch (set when its scheduler registers it),
+        # which its runs' jobs name; a run of another launch, whichever process ran it,
+        # does not count for this one
+        self.launch: str | None = None
         self.succeeded_here = False  # a run of this launch succeeded (a once-per-launch schedule is done)
         self.last_error: BaseException | None = None  # what this launch's last failed run raised
         self.row: ScheduleRow | None = None  # the schedule row as last read
@@ -174,6 +178,8 @@ class ScheduledPipeline:
         """The job that runs a due tick: it carries the tick, the spec it was planned
         under and the next run after a success, which its end writes to the schedule."""
         payload: dict[str, Any] = {TICK_FIELD: due.tick.isoformat(), "spec": self.schedule.spec}
+        if self.launch is not None:
+            payload["launch"] = self.launch
         next_run = self.schedule.next_run_after_success(due.database_now, due.tick)
         if next_run.at is not None:
             payload["next_at"] = next_run.at.isoformat()
@@ -198,7 +204,8 @@ class ScheduledPipeline:
             raise
         finally:
             self.running = False
-        self.succeeded_here = True
+        if job.payload.get("launch") == self.launch:
+            self.succeeded_here = True
 
 
 def pipeline_run_job(pipeline_id: str, when: datetime, **payload: Any) -> JobSpec:

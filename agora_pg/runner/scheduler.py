@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import uuid
 from collections.abc import Sequence
 
 from agora_pg.db.schedule_rows import ScheduleRegistration, ScheduleRow, TickJob
@@ -63,6 +64,7 @@ class Scheduler:
         self.worker_id = worker_id
         self.schedules = {item.pipeline_id: item for item in schedules}
         self.wanted = [(item.pipeline_id, item.schedule.spec) for item in schedules]
+        self.launches: dict[str, str] = {}  # each once-per-launch pipeline's launch, once registered
         self.max_wait = max_wait
         self.rows: dict[str, ScheduleRow] = {}  # the schedules as last read, for the health server
         self.passed = asyncio.Event()  # set after each pass that read the rows (the pool watches them)
@@ -86,17 +88,21 @@ class Scheduler:
             ))
             if isinstance(item, ScheduledPipeline):
                 item.row = row
+                if schedule.once_per_launch:
+                    item.launch = self.launches[item.pipeline_id] = uuid.uuid4().hex
+                    item.succeeded_here = False
                 log.info("pipeline %s registered: %s, state %s, next run %s", item.pipeline_id, schedule.spec,
                          row.state, row.next_run_at)
 
     async def run_once(self) -> SchedulerPass:
         """Enqueue every due tick; returns what was enqueued and how long to wait."""
         enqueued = await self.store.schedules.enqueue_due_ticks(
-            self.wanted, lambda due: self.schedules[due.pipeline_id].plan(due), self.worker_id, AHEAD_SECONDS)
+            self.wanted, lambda due: self.schedules[due.pipeline_id].plan(due), self.worker_id, AHEAD_SECONDS,
+            self.launches)
         for tick, job in enqueued:
             what = "pipeline" if tick.pipeline_run else "periodic job"
             log.info("%s %s: tick %s enqueued job %d", what, tick.pipeline_id, tick.tick.isoformat(), job.id)
-        due_in = await self.store.schedules.next_tick_in(self.wanted)
+        due_in = await self.store.schedules.next_tick_in(self.wanted, self.launches)
         self.rows = await self.store.schedules.get_many(list(self.schedules))
         for pipeline_id, row in self.rows.items():
             item = self.schedules[pipeline_id]

@@ -258,8 +258,12 @@ class WorkerPool:
                         f"{row.last_error} ({row.consecutive_errors} failed runs in a row)")
                     return PipelineFailed(pipeline.pipeline_id, row.consecutive_errors, error)
                 if row.state == "completed" and row.job_id is None:
-                    if pipeline.schedule.once_per_launch and not pipeline.succeeded_here:
-                        # another launch ran it meanwhile: this one runs it too
+                    if pipeline.launch is not None and not pipeline.succeeded_here:
+                        # a run of this launch, run by another process's worker?
+                        pipeline.succeeded_here = await self.scheduler.store.schedules.launch_succeeded(
+                            pipeline.pipeline_id, pipeline.launch)
+                    if pipeline.launch is not None and not pipeline.succeeded_here:
+                        # another launch's run completed it meanwhile: this one runs it too
                         await self.scheduler.store.schedules.launch_once_again(pipeline.pipeline_id,
                                                                                pipeline.schedule.spec)
                         self.scheduler.wake()

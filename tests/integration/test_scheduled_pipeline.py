@@ -206,6 +206,30 @@ async def test_two_launches_of_a_once_at_the_same_moment_each_run_and_never_over
     assert second["started_at"] >= first["finished_at"]
 
 
+async def test_a_run_of_one_launch_that_another_launch_ran_counts_for_the_first_only(store: Store) -> None:
+    # two launches of a once(): the run launch A planned is claimed by launch B's worker
+    once = Schedule.once()
+    first, second = (ScheduledPipeline(Recorder(), once, "nightly") for _ in (1, 2))
+    first.launch, second.launch = "launch-a", "launch-b"
+    await store.schedules.upsert(ScheduleRegistration("nightly", "once", once.spec, None, 60, 10, new_launch=True))
+    [(_, job)] = await store.schedules.enqueue_due_ticks([("nightly", once.spec)], first.plan, "a",
+                                                         launches={"nightly": "launch-a"})
+    [claimed] = await store.jobs.claim([queries.PIPELINE_QUEUE], 1, "worker-of-b", 30, kinds=["nightly"])
+    assert (claimed.id, claimed.payload["launch"]) == (job.id, "launch-a")
+    assert await store.jobs.complete_succeeded([(claimed.id, claimed.attempt)], "worker-of-b") == {job.id}
+    assert (await store.schedules.get("nightly")).state == "completed"  # type: ignore[union-attr]
+    assert await store.schedules.launch_succeeded("nightly", "launch-a")
+    assert not await store.schedules.launch_succeeded("nightly", "launch-b")
+    await store.schedules.launch_once_again("nightly", once.spec)  # launch B wants its own run
+    # launch A's scheduler, whatever it last read, plans no second run for A; B's does
+    assert await store.schedules.enqueue_due_ticks([("nightly", once.spec)], first.plan, "a",
+                                                   launches={"nightly": "launch-a"}) == []
+    assert await store.schedules.next_tick_in([("nightly", once.spec)], {"nightly": "launch-a"}) is None
+    [(_, again)] = await store.schedules.enqueue_due_ticks([("nightly", once.spec)], second.plan, "b",
+                                                           launches={"nightly": "launch-b"})
+    assert again.payload["launch"] == "launch-b"
+
+
 async def test_a_stopped_schedule_says_so_at_start_instead_of_waiting(
     database_url: str, store: Store, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
