@@ -60,7 +60,7 @@ async def main() -> None:
                 await connection.execute(TABLE.format(name="events_copy"))
             built = Pipeline(CsvSource(path, SCHEMA), id="csv_ingest", batch_size=args.batch_size).build(
                 DatabaseSink(database.url, "public.events"))
-            token = current_run.set(PipelineRun(store, None))
+            token = current_run.set(PipelineRun(store))
             started = time.perf_counter()
             try:
                 report = await built.run()

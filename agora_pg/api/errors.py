@@ -13,7 +13,8 @@ from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 
 from agora_pg.api import params
 from agora_pg.api.schemas import ErrorBody
-from agora_pg.runner.replay import ReplayBusy, ReplayFailed
+from agora_pg.runner.adhoc import RunInFlight
+from agora_pg.runner.replay import ReplayFailed
 from agora_pg.errors import (
     AgoraError,
     DatabaseUnavailable,
@@ -138,7 +139,7 @@ def status_of(error: AgoraError) -> int:
         return 413
     if isinstance(error, DatabaseUnavailable | SchemaNotReady):
         return 503
-    if isinstance(error, ReplayBusy):
+    if isinstance(error, RunInFlight):
         return 409
     if isinstance(error, ReplayFailed):
         return 502

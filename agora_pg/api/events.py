@@ -30,9 +30,9 @@ async def stream_events(
     pipeline_id: FromQuery[str | None] = None,
     since: FromQuery[str | None] = None,
 ) -> Stream:
-    """Job and pipeline events as they happen: ``job.enqueued``, ``job.started``,
-    ``job.progress``, ``job.finished``, ``job.cancelled``, ``run.started``,
-    ``run.progress``, ``run.finished``, each with its JSON in ``data``. Filters combine.
+    """Job events as they happen (a pipeline's runs are jobs: ``pipeline_id`` selects
+    them): ``job.enqueued``, ``job.started``, ``job.progress``, ``job.finished``,
+    ``job.cancelled``, each with its JSON in ``data``. Filters combine.
     State changes carry an ``id``: a client that reconnects with ``Last-Event-ID`` (or
     ``since``) gets the changes it missed first, from the tables (a few may repeat);
     progress is live only. A ``ping`` event comes at least every 15 s."""

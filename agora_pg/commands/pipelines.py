@@ -48,15 +48,15 @@ async def run_once(worker_config: WorkerConfig, name: str | None) -> None:
 async def list_dead_letters(pipeline_id: str | None, include_replayed: bool, limit: int) -> str:
     async with operator_store() as (store, _settings):
         letters = await PipelineState(store).dead_letters(pipeline_id, include_replayed, limit)
-    rows = [(letter.id, letter.pipeline_id, letter.run_id, letter.stage, letter.error_type, letter.error_message,
+    rows = [(letter.id, letter.pipeline_id, letter.job_id, letter.stage, letter.error_type, letter.error_message,
              letter.created_at, letter.replayed_at, letter.record) for letter in letters]
-    return render_table(("id", "pipeline", "run", "stage", "error", "message", "created_at", "replayed_at", "record"),
+    return render_table(("id", "pipeline", "job", "stage", "error", "message", "created_at", "replayed_at", "record"),
                         rows)
 
 
 async def replay_dead_letters(worker_config: WorkerConfig, name: str, limit: int) -> str:
     """Send a pipeline's waiting dead letters through its steps and sinks again."""
     [config] = selected(worker_config, name)
-    async with operator_store() as (store, _settings):
-        report = await replay.replay_dead_letters(store, config, limit)
+    async with operator_store(pool_size=4) as (store, settings):
+        report = await replay.replay_dead_letters(store, settings, config, limit, wait=True)
     return report.text()

@@ -12,7 +12,6 @@ import asyncpg
 
 from agora_pg.db import queries
 from agora_pg.db.store import Store
-from agora_pg.outcomes import outcome_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,20 +38,15 @@ class DeadLetter:
     replayed_at: datetime | None = None
 
 
-def checkpoint_args(
-    pipeline_id: str, checkpoint: Checkpoint, run_id: int | None, job_id: int | None = None
-) -> tuple[Any, ...]:
+def checkpoint_args(pipeline_id: str, checkpoint: Checkpoint, job_id: int | None) -> tuple[Any, ...]:
     """Parameters of ``queries.SAVE_CHECKPOINT``."""
-    return (pipeline_id, json.dumps(checkpoint.position), checkpoint.source, run_id, job_id)
+    return (pipeline_id, json.dumps(checkpoint.position), checkpoint.source, job_id)
 
 
-def dead_letter_args(
-    pipeline_id: str, run_id: int | None, letters: Sequence[DeadLetter], job_id: int | None = None
-) -> tuple[Any, ...]:
+def dead_letter_args(pipeline_id: str, letters: Sequence[DeadLetter], job_id: int | None) -> tuple[Any, ...]:
     """Parameters of ``queries.INSERT_DEAD_LETTERS``."""
     return (
         pipeline_id,
-        run_id,
         job_id,
         [letter.stage for letter in letters],
         [json.dumps(letter.record, default=str) for letter in letters],
@@ -64,17 +58,16 @@ def dead_letter_args(
 async def write_batch_state(
     connection: asyncpg.Connection,
     pipeline_id: str,
-    run_id: int | None,
     checkpoint: Checkpoint | None,
     letters: Sequence[DeadLetter],
-    job_id: int | None = None,
+    job_id: int | None,
 ) -> None:
     """Dead letters and the checkpoint of one batch, on ``connection`` (the caller's
     transaction: a database sink writes them with its rows)."""
     if letters:
-        await connection.execute(queries.INSERT_DEAD_LETTERS, *dead_letter_args(pipeline_id, run_id, letters, job_id))
+        await connection.execute(queries.INSERT_DEAD_LETTERS, *dead_letter_args(pipeline_id, letters, job_id))
     if checkpoint is not None:
-        await connection.execute(queries.SAVE_CHECKPOINT, *checkpoint_args(pipeline_id, checkpoint, run_id, job_id))
+        await connection.execute(queries.SAVE_CHECKPOINT, *checkpoint_args(pipeline_id, checkpoint, job_id))
 
 
 class PipelineState:
@@ -93,13 +86,12 @@ class PipelineState:
             await connection.execute(queries.DELETE_CHECKPOINT, pipeline_id)
 
     async def write_batch_state(
-        self, pipeline_id: str, run_id: int | None, checkpoint: Checkpoint | None, letters: Sequence[DeadLetter],
-        *, job_id: int | None = None,
+        self, pipeline_id: str, checkpoint: Checkpoint | None, letters: Sequence[DeadLetter], job_id: int | None,
     ) -> None:
         if checkpoint is None and not letters:
             return
         async with self.store.connection() as connection, connection.transaction():
-            await write_batch_state(connection, pipeline_id, run_id, checkpoint, letters, job_id)
+            await write_batch_state(connection, pipeline_id, checkpoint, letters, job_id)
 
     async def dead_letters(self, pipeline_id: str | None, include_replayed: bool, limit: int) -> list[DeadLetter]:
         async with self.store.connection() as connection:
@@ -114,18 +106,6 @@ class PipelineState:
     async def mark_replayed(self, ids: Sequence[int]) -> None:
         async with self.store.connection() as connection:
             await connection.execute(queries.MARK_DEAD_LETTERS_REPLAYED, list(ids))
-
-    async def start_run(self, pipeline_id: str, worker_id: str) -> int:
-        async with self.store.connection() as connection:
-            run_id: int = await connection.fetchval(queries.START_ADHOC_RUN, pipeline_id, worker_id)
-        return run_id
-
-    async def finish_run(self, run_id: int, error: BaseException | None) -> None:
-        """Record the end of a run outside any schedule; ``error`` None for success."""
-        outcome = outcome_of(error)
-        async with self.store.connection() as connection:
-            await connection.execute(queries.FINISH_ADHOC_RUN, run_id, outcome.run_status, outcome.error_type,
-                                     outcome.error_message, outcome.traceback)
 
 
 def _dead_letter(row: asyncpg.Record) -> DeadLetter:

@@ -811,21 +811,22 @@ SELECT_CHECKPOINT = "SELECT position::text AS position, source FROM agora.checkp
 
 # Save pipeline $1's source position $2 (JSON) for source $3, by run $4.
 SAVE_CHECKPOINT = """
-INSERT INTO agora.checkpoints (pipeline_id, position, source, run_id, job_id, updated_at)
-VALUES ($1, $2::text::jsonb, $3, $4, $5, now())
+INSERT INTO agora.checkpoints (pipeline_id, position, source, job_id, updated_at)
+VALUES ($1, $2::text::jsonb, $3, $4, now())
 ON CONFLICT (pipeline_id) DO UPDATE
-SET position = EXCLUDED.position, source = EXCLUDED.source, run_id = EXCLUDED.run_id, job_id = EXCLUDED.job_id,
+SET position = EXCLUDED.position, source = EXCLUDED.source, run_id = NULL, job_id = EXCLUDED.job_id,
     updated_at = now()
 """
 
 # Forget pipeline $1's position: its next run reads the source from the start.
 DELETE_CHECKPOINT = "DELETE FROM agora.checkpoints WHERE pipeline_id = $1"
 
-# Record rejected records of pipeline $1, run $2, from parallel arrays (stage, record JSON, error type, message).
+# Record rejected records of pipeline $1, run by job $2 (NULL: a run outside any job),
+# from parallel arrays (stage, record JSON, error type, message).
 INSERT_DEAD_LETTERS = """
-INSERT INTO agora.dead_letters (pipeline_id, run_id, job_id, stage, record, error_type, error_message)
-SELECT $1, $2, $3, stage, record::jsonb, error_type, error_message
-FROM unnest($4::text[], $5::text[], $6::text[], $7::text[]) AS t(stage, record, error_type, error_message)
+INSERT INTO agora.dead_letters (pipeline_id, job_id, stage, record, error_type, error_message)
+SELECT $1, $2, stage, record::jsonb, error_type, error_message
+FROM unnest($3::text[], $4::text[], $5::text[], $6::text[]) AS t(stage, record, error_type, error_message)
 """
 
 DEAD_LETTER_COLUMNS = (
@@ -849,20 +850,6 @@ ORDER BY id LIMIT $2
 
 # Mark dead letters replayed.
 MARK_DEAD_LETTERS_REPLAYED = "UPDATE agora.dead_letters SET replayed_at = now() WHERE id = ANY($1::bigint[])"
-
-# A pipeline run outside any schedule (agora-pg run, dlq replay): its agora.runs row.
-START_ADHOC_RUN = """
-INSERT INTO agora.runs (pipeline_id, attempt, worker_id, status, scheduled_for)
-VALUES ($1, 1, $2, 'running', clock_timestamp())
-RETURNING id
-"""
-
-# The end of such a run.
-FINISH_ADHOC_RUN = """
-UPDATE agora.runs SET status = $2, finished_at = clock_timestamp(), error_type = $3, error_message = $4,
-    traceback = $5
-WHERE id = $1
-"""
 
 
 def quote_identifier(name: str) -> str:
@@ -949,18 +936,6 @@ SELECT pg_notify('{EVENTS_CHANNEL}', CASE WHEN octet_length(event) < 7900 THEN e
 FROM published
 """
 
-# Store and publish the progress $2 (JSON) of pipeline run $1 while it runs.
-REPORT_RUN_PROGRESS = f"""
-WITH reported AS (
-    UPDATE agora.runs SET progress = $2::text::jsonb
-    WHERE id = $1 AND finished_at IS NULL
-    RETURNING id, pipeline_id, progress
-)
-SELECT pg_notify('{EVENTS_CHANNEL}', json_build_object('type', 'run.progress', 'run_id', id,
-                                                       'pipeline_id', pipeline_id, 'progress', progress)::text)
-FROM reported
-"""
-
 # The time before which every change is committed (and so visible): the start of the
 # oldest open transaction of another client of this database (one that has not written
 # yet may still write rows stamped with its start), but no further back than $1 seconds.
@@ -982,7 +957,8 @@ EVENT_COLUMNS = (
     "outcome", "error", "retry_at", "worker_id", "scheduled_for", "progress",
 )
 _JOB_FILTERS = ("($2::bigint IS NULL OR j.id = $2) AND ($3::text IS NULL OR j.kind = $3) "
-                "AND ($4::text IS NULL OR j.queue = $4) AND $5::text IS NULL")
+                "AND ($4::text IS NULL OR j.queue = $4) "
+                f"AND ($5::text IS NULL OR (j.queue = '{PIPELINE_QUEUE}' AND j.kind = $5))")
 
 
 def _event_source(select: str, time: str, key: str, source: str, where: str) -> str:
@@ -1011,15 +987,15 @@ EVENTS_STARTED = _event_source(
     "j.started_at", "j.id", "agora.jobs AS j", f"j.status = 'processing' AND {_JOB_FILTERS}",
 )
 
-# job.finished and run.finished: every attempt or pipeline run that ended, with its job
-# as it is now (retry_at: the job will run again then, from this attempt's failure).
+# job.finished: every attempt that ended (a pipeline's run too), with its job as it is
+# now (retry_at: the job will run again then, from this attempt's failure).
 EVENTS_FINISHED = _event_source(
     "r.job_id, r.id AS run_id, r.pipeline_id, j.kind, j.queue, j.status AS job_status, r.attempt, "
     "r.status AS outcome, r.error_message AS error, "
     "CASE WHEN j.attempt = r.attempt AND (j.status = 'pending' OR (j.status = 'failed' "
     "AND j.retry_count < j.max_retries)) THEN j.run_at END AS retry_at, r.worker_id, r.scheduled_for, "
     "r.progress::text AS progress",
-    "r.finished_at", "r.id", "agora.runs AS r LEFT JOIN agora.jobs AS j ON j.id = r.job_id",
+    "r.finished_at", "r.id", "agora.runs AS r JOIN agora.jobs AS j ON j.id = r.job_id",
     "($2::bigint IS NULL OR r.job_id = $2) AND ($3::text IS NULL OR j.kind = $3) "
     "AND ($4::text IS NULL OR j.queue = $4) AND ($5::text IS NULL OR r.pipeline_id = $5)",
 )
@@ -1034,22 +1010,11 @@ EVENTS_CANCELLED = _event_source(
     "(SELECT 1 FROM agora.runs AS r WHERE r.job_id = j.id AND r.finished_at = j.finished_at)",
 )
 
-# run.started: pipeline runs begun at or after $1.
-EVENTS_RUN_STARTED = _event_source(
-    "NULL::bigint AS job_id, r.id AS run_id, r.pipeline_id, NULL::text AS kind, NULL::text AS queue, "
-    "NULL::text AS job_status, r.attempt, NULL::text AS outcome, NULL::text AS error, "
-    "NULL::timestamptz AS retry_at, r.worker_id, r.scheduled_for, r.progress::text AS progress",
-    "r.started_at", "r.id", "agora.runs AS r",
-    "r.pipeline_id IS NOT NULL AND $2::bigint IS NULL AND $3::text IS NULL AND $4::text IS NULL "
-    "AND ($5::text IS NULL OR r.pipeline_id = $5)",
-)
-
 EVENT_SOURCES = {
     "job.enqueued": EVENTS_ENQUEUED,
     "job.started": EVENTS_STARTED,
     "job.cancelled": EVENTS_CANCELLED,
-    "run.started": EVENTS_RUN_STARTED,
-    "finished": EVENTS_FINISHED,  # job.finished or run.finished, by the row
+    "finished": EVENTS_FINISHED,  # job.finished
 }
 
 # -- the dashboard (agora_pg.api.dashboard): read-only -----------------------------------
@@ -1094,13 +1059,7 @@ ORDER BY pipeline_id, started_at DESC
 
 # The newest $1 dead letters waiting for a replay.
 DASHBOARD_DEAD_LETTERS = """
-SELECT id, pipeline_id, run_id, stage, record::text AS record, error_type, error_message, created_at
+SELECT id, pipeline_id, job_id, stage, record::text AS record, error_type, error_message, created_at
 FROM agora.dead_letters WHERE replayed_at IS NULL ORDER BY id DESC LIMIT $1
 """
 
-# One replay of a pipeline's dead letters at a time, across processes: a session-level
-# advisory lock ($1 = REPLAY_LOCK_CLASS, $2 the pipeline id) held by a connection kept
-# for the replay's length (a lost connection releases it).
-REPLAY_LOCK_CLASS = 0x61677261  # "agra"
-TRY_REPLAY_LOCK = "SELECT pg_try_advisory_lock($1, hashtext($2))"
-REPLAY_UNLOCK = "SELECT pg_advisory_unlock($1, hashtext($2))"

@@ -29,7 +29,3 @@ class RunTable:
         names = [name for name in queries.RUN_FILTERS if filters.get(name) is not None]
         rows = await self._store.fetch(queries.list_runs(names), *(filters[name] for name in names), limit)
         return [RunRow.from_row(row) for row in rows]
-
-    async def report_progress(self, run_id: int, document: str) -> None:
-        """Store and publish a running pipeline run's progress (JSON)."""
-        await self._store.fetch(queries.REPORT_RUN_PROGRESS, run_id, document)

@@ -14,11 +14,11 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from agora_pg.db.queries import PIPELINE_QUEUE
 from agora_pg.errors import AgoraError
 
 EVENT_TYPES = (
     "job.enqueued", "job.started", "job.progress", "job.finished", "job.cancelled",
-    "run.started", "run.progress", "run.finished",
 )
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 MAX_CURSOR_DIGITS = 17  # microseconds up to the year 5138
@@ -80,8 +80,8 @@ class EventFilter:
 
     def matches(self, event: Event) -> bool:
         data = event.data
-        if self.pipeline_id is not None and data.get("pipeline_id") != self.pipeline_id:
-            return False
+        if self.pipeline_id is not None and (data.get("queue"), data.get("kind")) != (PIPELINE_QUEUE, self.pipeline_id):
+            return False  # (a pipeline's runs are jobs of the pipelines' queue, of its kind)
         if self.job_id is not None and data.get("job_id") != self.job_id:
             return False
         if self.kind is not None and data.get("kind") != self.kind:
@@ -105,23 +105,12 @@ def event_of_row(source: str, row: Mapping[str, Any]) -> Event:
     """The event a row of an event source (``queries.EVENT_SOURCES[source]``) stands for."""
     at = row["t"]
     if source == "finished":
-        if row["job_id"] is None:
-            return Event("run.finished", {
-                "run_id": row["run_id"], "pipeline_id": row["pipeline_id"], "outcome": row["outcome"],
-                "error": row["error"], "scheduled_for": _iso(row["scheduled_for"]), "at": _iso(at),
-                "progress": _progress(row["progress"]),
-            }, ("finished", row["run_id"]), at)
         return Event("job.finished", {
             "job_id": row["job_id"], "kind": row["kind"], "queue": row["queue"], "attempt": row["attempt"],
             "run_id": row["run_id"], "outcome": row["outcome"], "status": row["job_status"],
             "retry_at": _iso(row["retry_at"]), "error": row["error"], "worker_id": row["worker_id"],
             "progress": _progress(row["progress"]), "at": _iso(at),
         }, ("finished", row["run_id"]), at)
-    if source == "run.started":
-        return Event("run.started", {
-            "run_id": row["run_id"], "pipeline_id": row["pipeline_id"], "worker_id": row["worker_id"],
-            "scheduled_for": _iso(row["scheduled_for"]), "at": _iso(at),
-        }, ("run.started", row["run_id"]), at)
     data = {"job_id": row["job_id"], "kind": row["kind"], "queue": row["queue"], "status": row["job_status"],
             "attempt": row["attempt"], "at": _iso(at)}
     if source == "job.enqueued":
@@ -146,7 +135,7 @@ def event_of_notification(payload: str) -> Event | None:
         document = json.loads(payload)
     except ValueError:
         return None
-    if not isinstance(document, dict) or document.get("type") not in ("job.progress", "run.progress"):
+    if not isinstance(document, dict) or document.get("type") != "job.progress":
         return None
     kind = document.pop("type")
     return Event(kind, document)

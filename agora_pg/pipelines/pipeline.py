@@ -43,11 +43,10 @@ class NothingWritten(AgoraError):
 
 @dataclasses.dataclass(frozen=True)
 class PipelineRun:
-    """The run a pipeline executes in: set by the runner, read by ``BuiltPipeline.run``.
-    A scheduled run is a job (``job``); a run outside the scheduler may have a run row."""
+    """The run a pipeline executes in: set by the runner (whose runs are jobs: ``job``),
+    read by ``BuiltPipeline.run``; a pipeline run directly has none."""
 
     store: Store
-    run_id: int | None
     stopping: asyncio.Event | None = None  # set when the worker stops: end after the current batch
     job: Job | None = None
 
@@ -58,9 +57,7 @@ class PipelineRun:
     @property
     def name(self) -> str:
         """How log lines name it."""
-        if self.job is not None:
-            return f" (job {self.job.id})"
-        return f" run {self.run_id}" if self.run_id is not None else ""
+        return f" (job {self.job.id})" if self.job is not None else ""
 
 
 current_run: contextvars.ContextVar[PipelineRun | None] = contextvars.ContextVar("agora_pipeline_run", default=None)
@@ -137,7 +134,7 @@ class BuiltPipeline:
         self.dead_letter_sink: Sink | None = None
 
     def with_dead_letter_sink(self, sink: Sink | None) -> BuiltPipeline:
-        """Send rejected records to ``sink`` (as ``{pipeline_id, run_id, stage, error_type,
+        """Send rejected records to ``sink`` (as ``{pipeline_id, job_id, stage, error_type,
         error_message, record}``) instead of ``agora.dead_letters``."""
         self.dead_letter_sink = sink
         return self
@@ -147,7 +144,7 @@ class BuiltPipeline:
             async with _run_context() as run:
                 report = await self._run(run)
             if run_span is not None:
-                run_span.set_attributes({"agora.run_id": run.run_id or -1, "agora.job_id": run.job_id or -1, "records.read": report.read,
+                run_span.set_attributes({"agora.job_id": run.job_id or -1, "records.read": report.read,
                                          "records.passed": report.passed,
                                          "records.dead_letters": report.dead_letters})
             return report
@@ -231,16 +228,13 @@ class BuiltPipeline:
         return report
 
     async def _report_progress(self, run: PipelineRun, read: int, written: int, rejected: int) -> None:
-        """Store and publish the run's counts so far: its job's progress, or its run row's
-        (a run with neither has nowhere to keep them)."""
-        if run.job is None and run.run_id is None:
+        """Store and publish the run's counts so far as its job's progress (a run outside
+        any job has nowhere to keep them)."""
+        if run.job is None:
             return
         document = progress.as_json(progress.pipeline_progress(read, written, rejected, datetime.now(UTC)))
         try:
-            if run.job is not None:
-                await run.store.jobs.report_progress(run.job.locked_by or "", [(run.job.id, run.job.attempt, document)])
-            elif run.run_id is not None:
-                await run.store.runs.report_progress(run.run_id, document)
+            await run.store.jobs.report_progress(run.job.locked_by or "", [(run.job.id, run.job.attempt, document)])
         except DatabaseUnavailable as error:
             log.warning("pipeline %s%s: progress not written: %s", self.id, run.name, error)
 
@@ -281,21 +275,21 @@ class BuiltPipeline:
             await self._to_dead_letter_sink(run, letters)
             letters = []
         if committing is not None:
-            state_in_batch = BatchState(self.id, run.run_id, checkpoint, letters, record_rejects=to_table,
+            state_in_batch = BatchState(self.id, checkpoint, letters, record_rejects=to_table,
                                         job_id=run.job_id)
             committed_rejects = await committing.write(records, state_in_batch)
             if not to_table:  # right after the batch committed
                 await self._to_dead_letter_sink(run, [dead_letter(item) for item in committed_rejects])
             rejected += committed_rejects
         else:
-            await state.write_batch_state(self.id, run.run_id, checkpoint, letters, job_id=run.job_id)
+            await state.write_batch_state(self.id, checkpoint, letters, run.job_id)
         return rejected
 
     async def _to_dead_letter_sink(self, run: PipelineRun, letters: list[DeadLetter]) -> None:
         if not letters or self.dead_letter_sink is None:
             return
         await self.dead_letter_sink.write([
-            {"pipeline_id": self.id, "run_id": run.run_id, "stage": letter.stage, "error_type": letter.error_type,
+            {"pipeline_id": self.id, "job_id": run.job_id, "stage": letter.stage, "error_type": letter.error_type,
              "error_message": letter.error_message, "record": letter.record}
             for letter in letters
         ])
@@ -325,7 +319,7 @@ async def _run_context() -> AsyncIterator[PipelineRun]:
     async with resolve_database(load_settings(os.environ)) as database:
         store = Store.open(database, pool_size=1)
         try:
-            yield PipelineRun(store, None)
+            yield PipelineRun(store)
         finally:
             await store.close()
 

@@ -44,11 +44,10 @@ class BatchState:
     """What a sink on the agora database commits together with its rows."""
 
     pipeline_id: str
-    run_id: int | None
     checkpoint: Checkpoint | None
     dead_letters: list[DeadLetter]
     record_rejects: bool = True  # also store the rows this sink refuses in agora.dead_letters
-    job_id: int | None = None  # the job of the run (a scheduled run's)
+    job_id: int | None = None  # the job of the run (None: a run outside any job)
 
 
 class Sink:
@@ -244,7 +243,7 @@ class DatabaseSink(Sink):
             return
         own = [dead_letter(item) for item in rejected] if state.record_rejects else []
         letters = state.dead_letters + own
-        await write_batch_state(connection, state.pipeline_id, state.run_id, state.checkpoint, letters, state.job_id)
+        await write_batch_state(connection, state.pipeline_id, state.checkpoint, letters, state.job_id)
 
     @contextlib.asynccontextmanager
     async def _connected(self) -> AsyncIterator[Any]:

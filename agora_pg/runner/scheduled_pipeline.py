@@ -11,14 +11,16 @@ Nothing that matters lives in memory.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 from typing import Any, Protocol
 
 from agora_pg.db import queries
+from agora_pg.db.pipeline_state import PipelineState
 from agora_pg.db.schedule_rows import DueTick, ScheduleRow, TickJob
 from agora_pg.db.store import Store
 from agora_pg.errors import AgoraError
@@ -30,6 +32,7 @@ from agora_pg.runtime.process_metrics import PROCESS_METRICS
 from agora_pg.schedules import Schedule
 
 TICK_FIELD = "scheduled_for"  # the payload key of a run's tick (ISO 8601, UTC)
+REPLAY_FIELD = "replay"  # the payload key of a replay's limit: it replays dead letters instead of running
 
 
 class Runnable(Protocol):
@@ -151,6 +154,7 @@ class ScheduledPipeline:
         self.succeeded_here = False  # a run of this launch succeeded (a once-per-launch schedule is done)
         self.last_error: BaseException | None = None  # what this launch's last failed run raised
         self.row: ScheduleRow | None = None  # the schedule row as last read
+        self.stopped_at_launch = False  # its schedule was stopped when registered (ScheduleStopped)
         self._stop_pool: Callable[[], None] | None = None  # the pool's stop(), once registered in one
 
     def stop(self) -> None:
@@ -189,16 +193,17 @@ class ScheduledPipeline:
                       dedup_key=queries.PIPELINE_DEDUP_PREFIX + self.pipeline_id, run_at=due.tick)
         return TickJob(self.pipeline_id, due.tick, job, None, pipeline_run=True)
 
-    async def run_job(self, job: Job, store: Store) -> None:
+    async def run_job(self, job: Job, store: Store) -> dict[str, int] | None:
         """The handler of this pipeline's jobs: ``factory()``, ``run()``, ``close()``,
-        with the run's checkpoints, dead letters and progress written through ``store``."""
+        with the run's checkpoints, dead letters and progress written through ``store``
+        (or a replay of its dead letters: ``run_pipeline_job``)."""
         tick = job.payload.get(TICK_FIELD)
         if tick and job.started_at is not None:
             PROCESS_METRICS.schedule_started(
                 self.pipeline_id, (job.started_at - datetime.fromisoformat(tick)).total_seconds())
         self.running = True
         try:
-            await run_pipeline_job(self.factory, job, store, self.stopping)
+            result = await run_pipeline_job(self.factory, job, store, self.stopping)
         except Exception as error:
             self.last_error = error
             raise
@@ -206,6 +211,7 @@ class ScheduledPipeline:
             self.running = False
         if job.payload.get("launch") == self.launch:
             self.succeeded_here = True
+        return result
 
 
 def pipeline_run_job(pipeline_id: str, when: datetime, **payload: Any) -> JobSpec:
@@ -216,12 +222,32 @@ def pipeline_run_job(pipeline_id: str, when: datetime, **payload: Any) -> JobSpe
                    max_retries=0, dedup_key=queries.PIPELINE_DEDUP_PREFIX + pipeline_id)
 
 
-async def run_pipeline_job(factory: Factory, job: Job, store: Store, stopping: StopSignal | None = None) -> None:
+async def run_pipeline_job(
+    factory: Factory, job: Job, store: Store, stopping: StopSignal | None = None,
+) -> dict[str, int] | None:
     """Run ``factory``'s pipeline as ``job`` (its checkpoints, dead letters and progress
-    name the job; ``stopping`` ends a resumable one after its current batch)."""
-    token = current_run.set(PipelineRun(store, None, stopping, job))
+    name the job; ``stopping`` ends a resumable one after its current batch). A job whose
+    payload has ``replay`` (a limit) sends up to that many of the pipeline's waiting dead
+    letters through its steps and sinks again instead, marks them replayed, and returns
+    ``{"replayed", "rejected_again"}`` (those rejected again are new dead letters of the job);
+    when it raises (a sink down), nothing is marked and the letters wait for the next replay."""
+    token = current_run.set(PipelineRun(store, stopping, job))
     try:
-        await _run_pipeline(factory)
+        if REPLAY_FIELD not in job.payload:
+            async with _built(factory) as pipeline:
+                await pipeline.run()
+            return None
+        state = PipelineState(store)
+        letters = await state.waiting_dead_letters(job.kind, int(job.payload[REPLAY_FIELD]))
+        if not letters:
+            return {"replayed": 0, "rejected_again": 0}
+        async with _built(factory) as pipeline:
+            if not callable(getattr(pipeline, "replay", None)):
+                raise AgoraError(f"pipeline {job.kind}: {type(pipeline).__name__} has no replay(); dead letters "
+                                 f"are replayed by pipelines built with Pipeline(...).build(...)")
+            again = await pipeline.replay(letters)
+        await state.mark_replayed([letter.id for letter in letters if letter.id is not None])
+        return {"replayed": len(letters), "rejected_again": len(again)}
     finally:
         current_run.reset(token)
 
@@ -246,12 +272,13 @@ class ScheduleStopped(AgoraError):
         self.last_error = last_error
 
 
-async def _run_pipeline(factory: Factory) -> None:
-    """``factory()`` (awaited if needed), then ``run()``, then ``close()``/``aclose()``."""
+@contextlib.asynccontextmanager
+async def _built(factory: Factory) -> AsyncIterator[Any]:
+    """``factory()`` (awaited if needed), closed (``close()``/``aclose()``) when done."""
     made = factory()
     pipeline = await made if inspect.isawaitable(made) else made
     try:
-        await pipeline.run()
+        yield pipeline
     finally:
         close = getattr(pipeline, "aclose", None) or getattr(pipeline, "close", None)
         if close is not None:

@@ -88,6 +88,7 @@ class Scheduler:
             ))
             if isinstance(item, ScheduledPipeline):
                 item.row = row
+                item.stopped_at_launch = row.state == "stopped"
                 if schedule.once_per_launch:
                     item.launch = self.launches[item.pipeline_id] = uuid.uuid4().hex
                     item.succeeded_here = False
@@ -108,6 +109,7 @@ class Scheduler:
             item = self.schedules[pipeline_id]
             if isinstance(item, ScheduledPipeline):
                 item.row = row
+                item.stopped_at_launch = item.stopped_at_launch and row.state == "stopped"  # (not once resumed)
         self.passed.set()
         if due_in is None:
             wait = self.max_wait

@@ -240,7 +240,6 @@ class WorkerPool:
         if self.scheduler is None or not self.pipelines:
             await asyncio.Event().wait()  # (until cancelled)
         assert self.scheduler is not None
-        first = True
         while True:
             await self.scheduler.passed.wait()
             self.scheduler.passed.clear()
@@ -250,7 +249,7 @@ class WorkerPool:
                 if row is None or row.schedule_spec != pipeline.schedule.spec:
                     continue
                 if row.state == "stopped":
-                    if first and pipeline.last_error is None:
+                    if pipeline.stopped_at_launch:
                         return ScheduleStopped(pipeline.pipeline_id, row.consecutive_errors, row.last_error)
                     log.error("pipeline %s reached max_consecutive_errors; shutting the pool down",
                               pipeline.pipeline_id)
@@ -269,7 +268,6 @@ class WorkerPool:
                         self.scheduler.wake()
                     else:
                         done += 1
-            first = False
             if done == len(self.pipelines) and self.job_worker is None and not self.periodic_jobs:
                 log.info("every pipeline of this pool has completed its schedule")
                 return None

@@ -16,8 +16,11 @@ from agora_pg.api import create_app
 from agora_pg.commands.pipelines import run_once
 from agora_pg.runner.assembly import read_config
 from agora_pg.db import queries
+from agora_pg.db.pipeline_state import PipelineState
 from agora_pg.db.schedule_rows import ScheduleRegistration
 from agora_pg.db.store import Store
+from agora_pg.jobs import JobStatus
+from agora_pg.runner.scheduled_pipeline import pipeline_run_job
 from agora_pg.settings import Settings
 
 from .helpers import record_failure
@@ -127,17 +130,29 @@ async def test_dead_letters_replay_through_the_api_and_the_dashboard(
 
         again = (await client.post("/dead-letters/ingest/replay")).json()
         assert (again["replayed"], again["written"], again["rejected_again"]) == (1, 0, 1)
+        replay_job = await store.jobs.get(again["job_id"])  # a job of the pipeline, with its run
+        assert (replay_job.queue, replay_job.kind, replay_job.status) == (queries.PIPELINE_QUEUE, "ingest", JobStatus.DONE)
+        assert [run.id for run in await store.runs.of_job(replay_job.id)] == [again["run_id"]]
+        [letter] = await PipelineState(store).waiting_dead_letters("ingest", 10)
+        assert letter.job_id == replay_job.id  # rejected again: a new dead letter of the replay's job
 
         async with store.connection() as connection:
             await connection.execute("ALTER TABLE public.events DROP CONSTRAINT events_amount_check")
-            assert await connection.fetchval(queries.TRY_REPLAY_LOCK, queries.REPLAY_LOCK_CLASS, "ingest")
-            busy = await client.post("/dead-letters/ingest/replay")
-            assert busy.status_code == 409 and "another replay" in busy.json()["detail"]
-            await connection.fetchval(queries.REPLAY_UNLOCK, queries.REPLAY_LOCK_CLASS, "ingest")
+        # a run of the pipeline in flight elsewhere (its worker alive): the replay is refused, not queued
+        [(in_flight, _)] = await store.jobs.enqueue([pipeline_run_job("ingest", await store.database_now())])
+        [claimed] = await store.jobs.claim([queries.PIPELINE_QUEUE], 1, "elsewhere", 30, kinds=["ingest"])
+        busy = await client.post("/dead-letters/ingest/replay")
+        assert busy.status_code == 409, busy.text
+        assert f"a run of ingest is in flight (job {in_flight.id})" in busy.json()["detail"]
+        # that worker dies: once its lease has passed, the replay rescues its run and goes ahead
+        async with store.connection() as connection:
+            await connection.execute("UPDATE agora.jobs SET lease_expires_at = now() - interval '1 second' "
+                                     "WHERE id = $1", claimed.id)
         written = (await client.post("/dead-letters/ingest/replay", params={"limit": 10})).json()
         assert (written["replayed"], written["written"], written["rejected_again"]) == (1, 1, 0)
+        assert (await store.jobs.get(in_flight.id)).status is JobStatus.FAILED
         nothing = (await client.post("/dead-letters/ingest/replay")).json()
-        assert (nothing["replayed"], nothing["run_id"]) == (0, None)
+        assert (nothing["replayed"], nothing["job_id"], nothing["run_id"]) == (0, None, None)
     async with store.connection() as connection:
         assert await connection.fetchval("SELECT amount FROM public.events WHERE id = 2") == Decimal("-3.25")
 

@@ -16,6 +16,7 @@ from agora_pg.db.store import Store
 from agora_pg.errors import DatabaseUnavailable
 from agora_pg.events.model import Event, EventFilter, cursor_of
 from agora_pg.events.stream import EventStream, Subscription
+from agora_pg.runner.adhoc import run_now
 from agora_pg.worker import NoJobContext
 
 from .helpers import running, wait_until
@@ -298,3 +299,29 @@ async def test_a_subscriber_gets_a_clear_error_when_the_database_is_away() -> No
     finally:
         await stream.close()
         await store.close()
+
+
+async def test_a_pipelines_runs_are_its_job_events(queue: Queue, store: Store, settings: Settings) -> None:
+    class Quick:
+        async def run(self) -> None:
+            return None
+
+    async with store.connection() as connection:
+        start = await connection.fetchval("SELECT now()")
+    other = await queue.enqueue("noop")
+    job = await run_now(store, settings, "nightly", Quick)
+    stream = EventStream(store)
+    try:
+        subscription = await stream.subscribe(EventFilter(pipeline_id="nightly"), since=start)
+        batches = subscription.batches()
+        got: list[Event] = []
+        while not any(event.type == "job.finished" for event in got):
+            batch = await asyncio.wait_for(anext(batches), 10)
+            got += [event for event, _body in batch.items]
+        await batches.aclose()
+    finally:
+        await stream.close()
+    assert {event.data["job_id"] for event in got} == {job.id} != {other.id}
+    assert [event.type for event in got] == ["job.enqueued", "job.finished"]
+    assert (got[-1].data["queue"], got[-1].data["kind"], got[-1].data["outcome"]) == (
+        "agora:pipelines", "nightly", "succeeded")

@@ -39,8 +39,8 @@ EVENTS = "CREATE TABLE public.events (id int PRIMARY KEY, amount numeric NOT NUL
 
 
 @contextlib.contextmanager
-def in_run(store: Store, run_id: int | None = None) -> Iterator[None]:
-    token = current_run.set(PipelineRun(store, run_id))
+def in_run(store: Store) -> Iterator[None]:
+    token = current_run.set(PipelineRun(store))
     try:
         yield
     finally:
@@ -113,7 +113,7 @@ async def test_rows_the_table_refuses_become_dead_letters_and_the_rest_is_kept(s
     write_csv(path, [(1, "5", "ok"), (2, "-1", "negative"), (3, "oops", "not a number"), (4, "7", "ok"), (1, "9", "dup")])
     built = Pipeline(CsvSource(path, {"id": "int", "amount": "decimal"}), id="events").build(
         DatabaseSink(store.database.url, "public.events", mode="insert"))
-    with in_run(store, run_id=None):
+    with in_run(store):
         report = await built.run()
         await built.close()
     assert report.dead_letters == 3
@@ -133,7 +133,7 @@ async def test_step_errors_are_dead_letters_up_to_the_limit(store: Store) -> Non
     records = [{"raw": "1"}, {"raw": "x"}, {"raw": "2"}, {"raw": "y"}, {"raw": "z"}]
     stream = io.StringIO()
     built = Pipeline(IterableSource(records), id="parse", max_dead_letters=2).map(parse).build(StdoutSink(stream))
-    with in_run(store, run_id=None), pytest.raises(TooManyDeadLetters, match="3 records rejected"):
+    with in_run(store), pytest.raises(TooManyDeadLetters, match="3 records rejected"):
         await built.run()
     letters = await PipelineState(store).dead_letters("parse", False, 10)
     assert sorted(letter.record["raw"] for letter in letters) == ["x", "y", "z"]
