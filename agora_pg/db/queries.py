@@ -36,11 +36,12 @@ PIPELINE_DEDUP_PREFIX = "pipeline:"
 # (payload: the pipeline id).
 SCHEDULES_CHANNEL = "agora_schedules"
 
-# The live job of pipeline_id (the schedules row in scope), if any: a jobs_dedup_key_idx lookup.
-_LIVE_PIPELINE_JOB = (
-    f"(SELECT {{column}} FROM agora.jobs AS j WHERE j.dedup_key = '{PIPELINE_DEDUP_PREFIX}' || pipeline_id "
-    f"AND {ALIVE})"
-)
+
+def _live_job_of(pipeline_id: str) -> str:
+    """The live job (pending or running) of the pipeline whose id is the column
+    ``pipeline_id`` of the row in scope, if any: a jobs_dedup_key_idx lookup."""
+    return f"FROM agora.jobs AS j WHERE j.dedup_key = '{PIPELINE_DEDUP_PREFIX}' || {pipeline_id} AND {ALIVE}"
+
 
 # -- enqueue -----------------------------------------------------------------
 
@@ -573,11 +574,10 @@ SELECT_SCHEMA_VERSIONS = "SELECT version_num FROM agora.alembic_version"
 SCHEDULE_COLUMNS = (
     "pipeline_id, schedule_kind, schedule_spec, state, next_run_at, consecutive_errors, last_error, "
     "last_status, last_started_at, last_finished_at, error_backoff_seconds, max_consecutive_errors, job_kind, "
-    + _LIVE_PIPELINE_JOB.format(column="j.id") + " AS job_id, "
-    + _LIVE_PIPELINE_JOB.format(column="j.locked_by") + " AS lease_owner, "
-    + _LIVE_PIPELINE_JOB.format(
-        column="COALESCE(j.lease_expires_at, (SELECT w.lease_expires_at FROM agora.workers AS w "
-               "WHERE w.id = j.locked_by))") + " AS lease_expires_at"
+    f"(SELECT j.id {_live_job_of('pipeline_id')}) AS job_id, "
+    f"(SELECT j.locked_by {_live_job_of('pipeline_id')}) AS lease_owner, "
+    "(SELECT COALESCE(j.lease_expires_at, (SELECT w.lease_expires_at FROM agora.workers AS w "
+    f"WHERE w.id = j.locked_by)) {_live_job_of('pipeline_id')}) AS lease_expires_at"
 )
 
 # Register a pipeline's schedule; a changed spec recomputes next_run_at (and re-arms a completed
@@ -621,8 +621,7 @@ FROM agora.schedules WHERE pipeline_id = $1
 SELECT_SCHEDULES = SELECT_SCHEDULE.replace("WHERE pipeline_id = $1", "WHERE pipeline_id = ANY($1::text[])")
 
 # No job of schedule s is alive: a pipeline's next run is due only once its last one ended.
-_NO_LIVE_RUN = _LIVE_PIPELINE_JOB.replace("(SELECT {column} FROM", "NOT EXISTS (SELECT FROM").replace(
-    "|| pipeline_id", "|| s.pipeline_id")
+_NO_LIVE_RUN = f"NOT EXISTS (SELECT {_live_job_of('s.pipeline_id')})"
 
 # The schedules $1 (text[]) this process serves, each registered with the spec at the
 # same place in $2, and, for a once-per-launch pipeline, the launch at that place in $4

@@ -45,12 +45,11 @@ BLOCKED_LOOP_SECONDS = 1.0
 
 
 class LeaseToken(NamedTuple):
-    """What a claim returned: a job attempt ``("job", job_id, attempt)``. (A tuple: it
-    is hashed several times per job, and a tuple's hash is computed in C.)"""
+    """What a claim returned: a job attempt. (A tuple: it is hashed several times per
+    job, and a tuple's hash is computed in C.)"""
 
-    resource: str
-    key: int | str
-    number: int
+    job_id: int
+    attempt: int
 
 
 class LeaseHolder(Protocol):
@@ -272,14 +271,14 @@ class LeaseSupervisor:
 
     async def _renew(self, store: Store, holders: list[LeaseHolder], sent_at: float) -> None:
         tokens = [holder.token for holder in holders]
-        jobs = [(int(t.key), t.number) for t in tokens if t.resource == "job"]
+        jobs = [(t.job_id, t.attempt) for t in tokens]
         if self._worker_lease_from is None:
             self._worker_lease_from = sent_at
         renewal = await store.workers.renew_leases(self.worker_id, self.lease_seconds, jobs)
         if renewal.worker_renewed:
             self._worker_lease_from = sent_at
         lost = [holder for holder, t in zip(holders, tokens, strict=True)
-                if (t.key, t.number) in renewal.lost_jobs]
+                if t in renewal.lost_jobs]
         fence_at = sent_at + self.fence_after
         lost_now = set(lost)
         with self._lock:
@@ -302,7 +301,7 @@ class LeaseSupervisor:
             log.warning("%s: lease lost (another worker holds it now); stopping it", holder.description)
             self._post(self._deliver, holder, StopReason.LEASE_LOST)
         for holder, t in zip(holders, tokens, strict=True):
-            if t.resource == "job" and (t.key, t.number) in renewal.cancel_jobs:
+            if t in renewal.cancel_jobs:
                 self._post(self._deliver, holder, StopReason.CANCEL_REQUESTED)
         if renewal.unknown_jobs:
             self._post(self._hand_unknown, renewal.unknown_jobs)

@@ -52,7 +52,7 @@ class Attempt:
 
     @property
     def token(self) -> LeaseToken:
-        return LeaseToken("job", self.job.id, self.job.attempt)
+        return LeaseToken(self.job.id, self.job.attempt)
 
     @property
     def description(self) -> str:

@@ -309,7 +309,7 @@ class _WorkerRun:
 
     def _held_job_ids(self) -> list[int]:
         """The jobs this worker knows it holds: running, or finished with the outcome not yet recorded."""
-        return sorted({int(token.key) for token in self.supervisor.held_tokens() if token.resource == "job"})
+        return sorted({token.job_id for token in self.supervisor.held_tokens()})
 
     def _start(self, jobs: Iterable[Job], claimed_at: float) -> None:
         worker, settings = self.worker, self.settings

@@ -83,20 +83,25 @@ table = "public.events"
     return config
 
 
+async def _run_killed_after(database_url: str, processes: Processes, config: Path, rows: int) -> None:
+    """``agora-pg run`` of ``config``, killed with SIGKILL once ``rows`` rows are written."""
+    first = processes.start(cli("run", "--config", str(config)), worker_env(database_url), REPO)
+
+    async def written() -> bool:
+        return int(await scalar(database_url, "SELECT count(*) FROM public.events")) >= rows  # type: ignore[arg-type]
+
+    await eventually(written, 120, f"the first {rows:,} rows")
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait(timeout=10)
+
+
 async def test_kill_9_halfway_through_a_csv_then_resume_writes_each_row_once(
     database_url: str, processes: Processes, tmp_path: Path
 ) -> None:
     await scalar(database_url, "CREATE TABLE public.events (id int PRIMARY KEY, amount numeric, note text)")
     config = _csv_config(tmp_path, database_url, 100_000)
     env = worker_env(database_url)
-    first = processes.start(cli("run", "--config", str(config)), env, REPO)
-
-    async def partly() -> bool:
-        return int(await scalar(database_url, "SELECT count(*) FROM public.events")) >= 20_000  # type: ignore[arg-type]
-
-    await eventually(partly, 120, "the first 20,000 rows")
-    os.kill(first.pid, signal.SIGKILL)
-    first.wait(timeout=10)
+    await _run_killed_after(database_url, processes, config, 20_000)
     killed_at = time.monotonic()
     written = int(await scalar(database_url, "SELECT count(*) FROM public.events"))  # type: ignore[arg-type]
     assert written < 100_000, "the run finished before it could be killed; make the file larger"
@@ -126,14 +131,7 @@ async def test_a_run_started_while_a_killed_one_holds_the_pipeline_waits_and_res
     await scalar(database_url, "CREATE TABLE public.events (id int PRIMARY KEY, amount numeric, note text)")
     config = _csv_config(tmp_path, database_url, 100_000)
     env = worker_env(database_url)
-    first = processes.start(cli("run", "--config", str(config)), env, REPO)
-
-    async def started() -> bool:
-        return int(await scalar(database_url, "SELECT count(*) FROM public.events")) > 0  # type: ignore[arg-type]
-
-    await eventually(started, 60, "the first rows")
-    os.kill(first.pid, signal.SIGKILL)
-    first.wait(timeout=10)
+    await _run_killed_after(database_url, processes, config, 1)
     second = run_cli("run", "--config", str(config), env=env, timeout=300)  # no other worker runs
     assert second.returncode == 0, second.stderr
     assert "a run is in flight" in second.stderr  # it said why it waited
