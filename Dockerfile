@@ -12,8 +12,9 @@ COPY pyproject.toml README.md alembic.ini ./
 COPY agora_pg ./agora_pg
 RUN pip install ".[fast]"
 
-# The application: job handlers and pipelines (worker.py) and the API entry point.
-COPY worker.py ./
+# The application: job handlers and pipelines (worker.py), its composition root (init.py),
+# its job families and the API entry point.
+COPY worker.py init.py ./
 COPY families ./families
 COPY api ./api
 

@@ -1,10 +1,11 @@
 """The example worker module: ``agora-pg worker --module worker``.
 
-This is the composition root: job handlers are registered in ``HANDLERS`` (plain
-handlers, and job families from ``families/`` through a ``FamilyRegistry``) and on
-the ``handlers`` table that extends it (kinds with options: a typed payload), the
-resources they share are built once when the worker starts, and scheduled
-pipelines are registered on the WorkerPool that ``get_worker()`` returns.
+Job handlers are registered in ``HANDLERS`` (plain handlers, and the job families of
+``families/``, which register themselves in ``families.shared.registry`` when imported)
+and on the ``handlers`` table that extends it (kinds with options: a typed payload);
+they run on the services of the composition root (``init.init()``), built once when
+the worker starts; scheduled pipelines are registered on the WorkerPool that
+``get_worker()`` returns.
 """
 
 from __future__ import annotations
@@ -16,24 +17,14 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-from datetime import UTC, datetime, timedelta
-
+import families.appointment_reminder.impl  # noqa: F401 (registers the family)
 from agora_pg import Handlers, Job, Worker, job_context
-from agora_pg.families import FamilyRegistry
 from agora_pg.runner import Schedule, ScheduledPipeline, WorkerPool
-from families.appointment_reminder import register_appointment_reminder
-from families.appointment_reminder.ports import Appointment, Message
+from families.shared.registry import FAMILIES
+from init import Services as Resources
+from init import init
 
 log = logging.getLogger("worker")
-
-
-@dataclasses.dataclass
-class Resources:
-    """Clients and services the handlers share (one instance per worker process)."""
-
-    greeting: str
-    appointments: dict[int, Appointment] = dataclasses.field(default_factory=dict)
-    outbox: list[Message] = dataclasses.field(default_factory=list)
 
 
 async def echo(job: Job, resources: Resources) -> None:
@@ -56,13 +47,11 @@ def fail(job: Job, resources: Resources) -> None:
     raise RuntimeError(job.payload.get("message", "this job always fails"))
 
 
-FAMILIES = register_appointment_reminder(FamilyRegistry())  # add families here
-
 HANDLERS: dict[str, Any] = {
     "echo": echo,
     "sleep": sleep,
     "fail": fail,
-    **FAMILIES.handlers(),  # appointment_reminder (variants: default = email, sms)
+    **FAMILIES.handlers(),  # appointment_reminder (variants: email, the default, and sms)
     # add yours here
 }
 
@@ -87,14 +76,8 @@ async def add(job: Job, resources: Resources) -> float:
 
 @contextlib.asynccontextmanager
 async def lifespan() -> AsyncIterator[Resources]:
-    """Open shared clients when the worker starts; close them when it stops."""
-    tomorrow = datetime.now(UTC).replace(hour=9, minute=30, second=0, microsecond=0) + timedelta(days=1)
-    appointments = {  # a real worker would open its appointment service's client here
-        1: Appointment(1, "Ada Lovelace", "ada@example.com", tomorrow, "Marylebone Clinic", "Europe/London"),
-        2: Appointment(2, "Alan Turing", "+44 20 7946 0000", tomorrow + timedelta(hours=2), "Bletchley Practice",
-                       "Europe/London"),
-    }
-    yield Resources(greeting="hello from agora-pg", appointments=appointments)
+    """The composition root's services when the worker starts (closed when it stops)."""
+    yield init()
 
 
 class Heartbeat:

@@ -19,6 +19,7 @@ from agora_pg.db import migrate as migrations
 from agora_pg.db.connect import resolve_database
 from agora_pg.db.store import Store
 from agora_pg.errors import AgoraError, ConfigError, InvalidArgument, InvalidJob
+from agora_pg.families.scaffold import new_family
 from agora_pg.loading import load_worker
 from agora_pg.runner.assembly import build_worker_pool, read_config
 from agora_pg.runner import WorkerPool
@@ -129,6 +130,13 @@ def build_parser() -> argparse.ArgumentParser:
                          ("trigger", "run an active, idle schedule now, once")):
         command(schedules, action, what, f"agora-pg schedules {action} nightly-report").add_argument(
             "pipeline_id", help="the scheduled pipeline's id")
+
+    family = command(commands, "family", "job families", "agora-pg family new demo_notice"
+                     ).add_subparsers(dest="action", required=True, metavar="ACTION")
+    family_new = command(family, "new", "write a new job family from the template, with its tests",
+                         "agora-pg family new demo_notice && python -m pytest tests/unit/test_demo_notice_pipeline.py")
+    family_new.add_argument("name", help="the family's name: its package under families/ and its job kind")
+    family_new.add_argument("--path", default=".", help="the project's directory [.]")
 
     run = command(commands, "run", "run the pipelines of an agora/v1 config once, then exit",
                   "agora-pg run --config pipelines.toml --pipeline orders-csv")
@@ -243,6 +251,16 @@ async def run_dlq(args: argparse.Namespace, config: WorkerConfig | None) -> None
         print(await pipeline_commands.replay_dead_letters(config, args.pipeline, args.limit))
 
 
+def new_family_text(name: str, project: Path) -> str:
+    """``agora-pg family new``: write the family, then say what was written and what next."""
+    written = new_family(name, project)
+    files = "\n".join(f"  {path.relative_to(project)}" for path in written)
+    return (f"wrote family {name}:\n{files}\n"
+            f"next: run its tests (python -m pytest tests/unit/test_{name}_pipeline.py), replace its stages, give "
+            f"the services of your composition root a {name}_svc, and import families.{name}.impl in worker.py "
+            f"(its handler is then in FAMILIES.handlers())")
+
+
 def run_event_loop(main_coroutine: Coroutine[Any, Any, None]) -> None:
     """Run on uvloop when it is installed (the ``fast`` extra): the worker's hot path is
     socket I/O and task switching, which uvloop does in C. Plain asyncio otherwise."""
@@ -291,6 +309,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             asyncio.run(run_dlq(args, config))
         elif args.command == "api":
             run_event_loop(serve.run_api(args.host, args.port, args.insecure, args.log_level, args.module))
+        elif args.command == "family":
+            print(new_family_text(args.name, Path(args.path)))
         elif args.command == "dev":
             asyncio.run(serve.run_dev(args.host, args.port, args.module, args.health_port, args.log_level))
         else:
