@@ -630,7 +630,7 @@ _NO_LIVE_RUN = f"NOT EXISTS (SELECT {_live_job_of('s.pipeline_id')})"
 _WANTED = f"""
 JOIN unnest($1::text[], $2::text[], $4::text[]) AS wanted(pipeline_id, spec, launch)
   ON s.pipeline_id = wanted.pipeline_id AND s.schedule_spec = wanted.spec
-WHERE s.state = 'active' AND {_NO_LIVE_RUN}
+WHERE s.state = 'active'
   AND (wanted.launch = '' OR NOT EXISTS (
       SELECT FROM agora.jobs AS j WHERE j.kind = s.pipeline_id AND j.queue = '{PIPELINE_QUEUE}'
         AND j.status = 'done' AND j.payload->>'launch' = wanted.launch))"""
@@ -643,7 +643,7 @@ WHERE s.state = 'active' AND {_NO_LIVE_RUN}
 DUE_TICKS = f"""
 SELECT s.pipeline_id, s.next_run_at AS tick, statement_timestamp() AS database_now
 FROM agora.schedules AS s {_WANTED}
-  AND s.next_run_at <= clock_timestamp() + make_interval(secs => $3)
+  AND s.next_run_at <= clock_timestamp() + make_interval(secs => $3) AND {_NO_LIVE_RUN}
 ORDER BY s.pipeline_id
 FOR UPDATE OF s SKIP LOCKED
 """
@@ -680,9 +680,17 @@ FROM ticked
 # $2) falls due; NULL when none is active and idle. Negative: one is due now (another
 # process holds it).
 NEXT_TICK_IN = f"""
-SELECT extract(epoch FROM min(s.next_run_at) - clock_timestamp()) AS seconds
+SELECT extract(epoch FROM min(s.next_run_at) FILTER (WHERE {_NO_LIVE_RUN}) - clock_timestamp()) AS seconds,
+       extract(epoch FROM min(s.next_run_at) FILTER (WHERE s.job_kind IS NULL AND s.next_run_at > clock_timestamp())
+               - clock_timestamp()) AS run_in
 FROM agora.schedules AS s {_WANTED.replace("$4", "$3")}
 """
+
+# The jobs $1 (bigint[]) of pipeline runs just enqueued ahead of their ticks enter the
+# claim index now rather than by a promotion at the tick (an update of every one of
+# them, on the tick's critical path): a claim still takes none before its run_at, and
+# the scheduler of each process that serves them wakes its pipeline worker at the tick.
+UNDELAY_RUN_JOBS = "UPDATE agora.jobs SET delayed = false WHERE id = ANY($1::bigint[]) AND delayed"
 
 # The database clock.
 DATABASE_NOW = "SELECT clock_timestamp()"

@@ -25,6 +25,16 @@ class ScheduleRegistration:
 
 
 @dataclasses.dataclass(frozen=True)
+class NextTicks:
+    """Seconds until a schedule falls due (``due_in``: one with no live run, the
+    scheduler's next pass) and until a pipeline's next tick (``run_in``: its run's job,
+    enqueued ahead, becomes claimable then); None: none."""
+
+    due_in: float | None
+    run_in: float | None
+
+
+@dataclasses.dataclass(frozen=True)
 class ScheduleRow:
     """One row of ``agora.schedules``; the ``*_seconds`` fields are measured by the database clock."""
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from agora_pg.db import queries
 from agora_pg.db.enqueue import insert_jobs
-from agora_pg.db.schedule_rows import DueTick, ScheduleRegistration, ScheduleRow, TickJob
+from agora_pg.db.schedule_rows import DueTick, NextTicks, ScheduleRegistration, ScheduleRow, TickJob
 from agora_pg.errors import ScheduleConflict, ScheduleNotFound
 from agora_pg.jobs import Job
 
@@ -60,7 +60,8 @@ class ScheduleTable:
         insert the jobs, advance the schedules of periodic jobs and record each of their
         ticks as a run (a pipeline's run is recorded when its job ends). Ticks another
         process is enqueueing, and pipelines whose run is still alive, are skipped. Ticks due
-        within ``ahead_seconds`` are taken too (``plan`` makes their jobs due at the tick).
+        within ``ahead_seconds`` are taken too (``plan`` makes their jobs due at the tick; a
+        pipeline's run enters the claim index at once, to be claimed from its tick on).
         ``launches``: the launch of each once-per-launch pipeline, which is not due once a
         run of that launch succeeded."""
         ids, specs, launch_ids = _wanted(wanted, launches)
@@ -70,6 +71,9 @@ class ScheduleTable:
                 return []
             ticks = [plan(DueTick(row["pipeline_id"], row["tick"], row["database_now"])) for row in rows]
             jobs = [job for job, _inserted in await insert_jobs(connection.fetch, [tick.job for tick in ticks])]
+            runs = [job.id for tick, job in zip(ticks, jobs, strict=True) if tick.pipeline_run]
+            if runs:
+                await connection.execute(queries.UNDELAY_RUN_JOBS, runs)
             ticked = [(tick, job) for tick, job in zip(ticks, jobs, strict=True) if not tick.pipeline_run]
             if ticked:
                 await connection.execute(
@@ -78,13 +82,11 @@ class ScheduleTable:
                 )
         return list(zip(ticks, jobs, strict=True))
 
-    async def next_tick_in(
-        self, wanted: Sequence[tuple[str, str]], launches: Mapping[str, str] | None = None,
-    ) -> float | None:
-        """Seconds until the first of the schedules ``wanted`` falls due (None: none is active)."""
+    async def next_ticks(self, wanted: Sequence[tuple[str, str]], launches: Mapping[str, str] | None = None) -> NextTicks:
+        """When the schedules ``wanted`` next need this process, by the database's clock."""
         async with self._store.connection() as connection:
-            seconds = await connection.fetchval(queries.NEXT_TICK_IN, *_wanted(wanted, launches))
-        return None if seconds is None else float(seconds)
+            row = await connection.fetchrow(queries.NEXT_TICK_IN, *_wanted(wanted, launches))
+        return NextTicks(*(None if row[name] is None else float(row[name]) for name in ("seconds", "run_in")))
 
     async def launch_succeeded(self, pipeline_id: str, launch: str) -> bool:
         """Whether a run of once-per-launch pipeline ``pipeline_id`` by ``launch`` succeeded

@@ -19,7 +19,7 @@ import asyncio
 import dataclasses
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from agora_pg.db.schedule_rows import ScheduleRegistration, ScheduleRow, TickJob
 from agora_pg.db.store import Store
@@ -68,6 +68,10 @@ class Scheduler:
         self.max_wait = max_wait
         self.rows: dict[str, ScheduleRow] = {}  # the schedules as last read, for the health server
         self.passed = asyncio.Event()  # set after each pass that read the rows (the pool watches them)
+        # called at each pipeline tick: the pipeline worker's wake (its runs' jobs are claimable
+        # from their tick, with no promotion that would wake it)
+        self.on_tick: Callable[[], None] | None = None
+        self._tick_timer: asyncio.TimerHandle | None = None
         self._wake = WakeSignal()
 
     def wake(self) -> None:
@@ -103,7 +107,9 @@ class Scheduler:
         for tick, job in enqueued:
             what = "pipeline" if tick.pipeline_run else "periodic job"
             log.info("%s %s: tick %s enqueued job %d", what, tick.pipeline_id, tick.tick.isoformat(), job.id)
-        due_in = await self.store.schedules.next_tick_in(self.wanted, self.launches)
+        next_ticks = await self.store.schedules.next_ticks(self.wanted, self.launches)
+        self._wake_pipeline_worker_in(next_ticks.run_in)
+        due_in = next_ticks.due_in
         self.rows = await self.store.schedules.get_many(list(self.schedules))
         for pipeline_id, row in self.rows.items():
             item = self.schedules[pipeline_id]
@@ -118,6 +124,15 @@ class Scheduler:
             wait = min(ahead + CLOCK_MARGIN if ahead > 0 else MIN_WAIT, self.max_wait)
         return SchedulerPass(enqueued, wait)
 
+    def _wake_pipeline_worker_in(self, seconds: float | None) -> None:
+        """Call ``on_tick`` ``seconds`` from now (by the database's clock: the reply came
+        after it was read, so never early) and a moment; the last pass's time wins."""
+        if self._tick_timer is not None:
+            self._tick_timer.cancel()
+            self._tick_timer = None
+        if seconds is not None and self.on_tick is not None:
+            self._tick_timer = asyncio.get_running_loop().call_later(max(seconds, 0.0) + CLOCK_MARGIN, self.on_tick)
+
     async def run(self, stop: asyncio.Event) -> None:
         """Register, then pass after pass until ``stop``; database errors are waited out."""
         try:
@@ -125,15 +140,18 @@ class Scheduler:
         except (Stopped, DatabaseUnavailable):
             return
         pause = ErrorWait(0.5)
-        while not stop.is_set():
-            self._wake.clear()  # before the pass: a change from now on wakes the wait below
-            try:
-                wait = (await self.run_once()).wait_seconds
-                pause.reset()
-            except DatabaseUnavailable as error:
-                wait = pause.next()
-                log.warning("enqueueing scheduled runs: %s; retrying in %.1fs", error, wait)
-            except Exception:  # the loop never ends on an error: it waits and looks again
-                wait = pause.next()
-                log.exception("enqueueing scheduled runs failed; retrying in %.1fs", wait)
-            await self._wake.wait(wait)
+        try:
+            while not stop.is_set():
+                self._wake.clear()  # before the pass: a change from now on wakes the wait below
+                try:
+                    wait = (await self.run_once()).wait_seconds
+                    pause.reset()
+                except DatabaseUnavailable as error:
+                    wait = pause.next()
+                    log.warning("enqueueing scheduled runs: %s; retrying in %.1fs", error, wait)
+                except Exception:  # the loop never ends on an error: it waits and looks again
+                    wait = pause.next()
+                    log.exception("enqueueing scheduled runs failed; retrying in %.1fs", wait)
+                await self._wake.wait(wait)
+        finally:
+            self._wake_pipeline_worker_in(None)

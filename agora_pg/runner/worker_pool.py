@@ -188,6 +188,8 @@ class WorkerPool:
         if self.pipelines or self.periodic_jobs:
             self.scheduler = Scheduler(store, worker_id, [*self.pipelines, *self.periodic_jobs],
                                        MAX_WAIT if settings.notifications else settings.poll_seconds)
+            if self.pipeline_worker is not None:
+                self.scheduler.on_tick = self.pipeline_worker.wake
             scheduling = asyncio.create_task(self.scheduler.run(self._stopping), name="scheduler")
         listener_stop = asyncio.Event()
         listener = (

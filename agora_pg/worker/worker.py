@@ -111,6 +111,10 @@ class Worker:
         twin._overrides = dict(self._overrides)
         return twin
 
+    def wake(self) -> None:
+        """Look for due jobs now (jobs fell due that no notification announces)."""
+        self._wakeup.set()
+
     def stop(self) -> None:
         """Stop claiming; running jobs get ``shutdown_timeout`` seconds to finish."""
         self._stopping.set()

@@ -224,7 +224,7 @@ async def test_a_run_of_one_launch_that_another_launch_ran_counts_for_the_first_
     # launch A's scheduler, whatever it last read, plans no second run for A; B's does
     assert await store.schedules.enqueue_due_ticks([("nightly", once.spec)], first.plan, "a",
                                                    launches={"nightly": "launch-a"}) == []
-    assert await store.schedules.next_tick_in([("nightly", once.spec)], {"nightly": "launch-a"}) is None
+    assert (await store.schedules.next_ticks([("nightly", once.spec)], {"nightly": "launch-a"})).due_in is None
     [(_, again)] = await store.schedules.enqueue_due_ticks([("nightly", once.spec)], second.plan, "b",
                                                            launches={"nightly": "launch-b"})
     assert again.payload["launch"] == "launch-b"

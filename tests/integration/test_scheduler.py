@@ -100,3 +100,28 @@ async def test_paused_and_completed_schedules_enqueue_nothing_and_a_trigger_enqu
     assert tick.pipeline_id == "periodic:report"
     await scheduler.register()  # a new launch: once(key=...) never runs again
     assert all(tick.pipeline_id != "periodic:once" for tick, _ in (await scheduler.run_once()).enqueued)
+
+
+async def test_a_pipeline_run_enqueued_ahead_is_claimable_from_its_tick_and_wakes_its_worker_then(
+    store: Store, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from agora_pg.db import queries
+    from agora_pg.db.schedule_rows import ScheduleRegistration
+    from agora_pg.runner import ScheduledPipeline, scheduler as scheduler_module
+
+    monkeypatch.setattr(scheduler_module, "AHEAD_SECONDS", 3.0)  # (room for a busy machine before the tick)
+    pipeline = ScheduledPipeline(lambda: None, Schedule.every(seconds=5), "soon")
+    tick_at = await store.database_now() + timedelta(seconds=1)
+    await store.schedules.upsert(ScheduleRegistration("soon", "every", pipeline.schedule.spec, tick_at, 60, 10))
+    scheduler = Scheduler(store, "w1", [pipeline])
+    woken = asyncio.Event()
+    scheduler.on_tick = woken.set
+    [(tick, job)] = (await scheduler.run_once()).enqueued
+    assert tick.tick == tick_at and job.run_at == tick_at
+    async with store.connection() as connection:  # in the claim index now: no promotion at the tick
+        assert await connection.fetchval("SELECT delayed FROM agora.jobs WHERE id = $1", job.id) is False
+    assert await store.jobs.claim([queries.PIPELINE_QUEUE], 1, "w1", 30, kinds=["soon"]) == []  # not before its tick
+    await asyncio.wait_for(woken.wait(), 5)
+    assert await store.database_now() >= tick_at  # woken at its tick, not before
+    [claimed] = await store.jobs.claim([queries.PIPELINE_QUEUE], 1, "w1", 30, kinds=["soon"])
+    assert claimed.id == job.id
