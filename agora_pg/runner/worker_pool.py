@@ -276,6 +276,8 @@ class WorkerPool:
 
     async def _shut_down(self, tasks: dict[asyncio.Task[Any], Worker]) -> None:
         self.stop()
+        for worker in self._workers():  # (also those started after a stop that came during start-up)
+            worker.stop()
         pending = await wait_tasks_or_event(tasks, self._aborting, self.graceful_shutdown_timeout)
         if pending:
             log.warning("graceful shutdown over; stopping %s", sorted(task.get_name() for task in pending))

@@ -571,3 +571,12 @@ async def _count(recorder: Recorder, calls: int) -> bool:
 async def _idle(store: Store, pipeline_id: str) -> bool:
     row = await store.schedules.get(pipeline_id)
     return row is not None and row.job_id is None
+
+
+async def test_a_stop_that_comes_while_the_pool_starts_stops_its_pipeline_worker_too(settings: Settings) -> None:
+    # (a pool stopped before it had built its pipeline worker left that worker claiming forever)
+    pool = WorkerPool(settings=settings, graceful_shutdown_timeout=1.0)
+    pool.register(ScheduledPipeline(Recorder(), Schedule.every(hours=1), "early_stop"))
+    running = asyncio.create_task(pool.run(handle_signals=False))
+    pool.stop()  # before the pool has started anything
+    await asyncio.wait_for(running, 15)
