@@ -623,6 +623,13 @@ SELECT_SCHEDULES = SELECT_SCHEDULE.replace("WHERE pipeline_id = $1", "WHERE pipe
 # No job of schedule s is alive: a pipeline's next run is due only once its last one ended.
 _NO_LIVE_RUN = f"NOT EXISTS (SELECT {_live_job_of('s.pipeline_id')})"
 
+
+def _launch_done(pipeline_id: str, launch: str) -> str:
+    """A done run of once-per-launch pipeline ``pipeline_id`` by ``launch`` (SQL expressions)."""
+    return (f"SELECT FROM agora.jobs AS j WHERE j.kind = {pipeline_id} AND j.queue = '{PIPELINE_QUEUE}' "
+            f"AND j.status = 'done' AND j.payload->>'launch' = {launch}")
+
+
 # The schedules $1 (text[]) this process serves, each registered with the spec at the
 # same place in $2, and, for a once-per-launch pipeline, the launch at that place in $4
 # ('' for others): a launch a run of which succeeded (whichever process ran it) wants no
@@ -631,9 +638,7 @@ _WANTED = f"""
 JOIN unnest($1::text[], $2::text[], $4::text[]) AS wanted(pipeline_id, spec, launch)
   ON s.pipeline_id = wanted.pipeline_id AND s.schedule_spec = wanted.spec
 WHERE s.state = 'active'
-  AND (wanted.launch = '' OR NOT EXISTS (
-      SELECT FROM agora.jobs AS j WHERE j.kind = s.pipeline_id AND j.queue = '{PIPELINE_QUEUE}'
-        AND j.status = 'done' AND j.payload->>'launch' = wanted.launch))"""
+  AND (wanted.launch = '' OR NOT EXISTS ({_launch_done("s.pipeline_id", "wanted.launch")}))"""
 
 # The due ticks of the schedules wanted (_WANTED), or those due within $3 seconds
 # (enqueued ahead, as jobs due at their tick), locked until the transaction that turns
@@ -649,10 +654,7 @@ FOR UPDATE OF s SKIP LOCKED
 """
 
 # A done run of once-per-launch pipeline $1 by launch $2, if any.
-LAUNCH_SUCCEEDED = f"""
-SELECT EXISTS (SELECT FROM agora.jobs WHERE kind = $1 AND queue = '{PIPELINE_QUEUE}' AND status = 'done'
-               AND payload->>'launch' = $2)
-"""
+LAUNCH_SUCCEEDED = f"SELECT EXISTS ({_launch_done('$1', '$2')})"
 
 # Record ticks turned into jobs: schedule $1[i]'s tick $2[i] enqueued job $3[i]; its next run
 # is $4[i] (NULL: never, the schedule is completed). Each tick is a succeeded run of worker $5

@@ -98,7 +98,8 @@ def load_family(package: str, services: Any, variant: str | None = None) -> Fami
     if chosen not in spec.variants:
         raise FamilySpecError(spec.runtime_path, None, f"no variant {chosen!r} (the variants: "
                                                        f"{', '.join(spec.variants)})")
-    stages = {node: _build(spec, stage, services, chosen) for node, stage in spec.variants[chosen].items()}
+    names = _service_names(services)
+    stages = {node: _build(spec, stage, services, names, chosen) for node, stage in spec.variants[chosen].items()}
     return FamilyPipeline(spec, chosen, stages)
 
 
@@ -204,10 +205,10 @@ def _stages(
     return stages
 
 
-def _build(spec: FamilySpec, stage: Stage, services: Any, variant: str) -> Any:
-    """``stage.cls(...)``, each parameter of its ``__init__`` taken by name."""
+def _build(spec: FamilySpec, stage: Stage, services: Any, names: set[str], variant: str) -> Any:
+    """``stage.cls(...)``, each parameter of its ``__init__`` taken by name (from the
+    services, whose ``names`` these are, ``patterns`` and ``variant``)."""
     given = {"patterns": spec.patterns, "variant": variant}
-    names = _service_names(services)
     arguments = {}
     for parameter in list(inspect.signature(stage.cls).parameters.values()):
         if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
