@@ -84,12 +84,12 @@ async def _enqueue_after_run_in_flight(
         [(job, inserted)] = await store.jobs.enqueue([pipeline_run_job(pipeline_id, when, **payload)])
         if inserted:
             return job
+        if wait and waiting_for != job.id:  # (said first, even when its lease has passed already)
+            log.warning("pipeline %s: a run is in flight (job %d); waiting for it to end", pipeline_id, job.id)
+            waiting_for = job.id
         rescued = await store.jobs.rescue_expired(settings.max_lost_attempts, settings.max_retries, RESCUE_BATCH)
         if job.id in rescued:
             continue
         if not wait:
             raise RunInFlight(pipeline_id, job.id)
-        if waiting_for != job.id:
-            log.warning("pipeline %s: a run is in flight (job %d); waiting for it to end", pipeline_id, job.id)
-            waiting_for = job.id
         await asyncio.sleep(POLL_SECONDS)
