@@ -83,7 +83,10 @@ async def test_three_workers_share_one_pipeline_without_overlap(
 async def test_a_killed_worker_is_replaced_after_the_lease_expires(
     database_url: str, processes: Processes, events: None
 ) -> None:
-    doomed = start_pool(processes, database_url, PIPELINE_SCHEDULE="hourly", PIPELINE_SLEEP="3600")
+    # (the same backoff in both: a replacement that rescues the run before it registers its
+    # schedule applies the backoff the row holds)
+    doomed = start_pool(processes, database_url, PIPELINE_SCHEDULE="hourly", PIPELINE_SLEEP="3600",
+                        PIPELINE_BACKOFF="0.5")
     await eventually(lambda: _run_in_flight(database_url), 30, "the first run starting")
     os.kill(doomed.pid, signal.SIGKILL)
     doomed.wait(timeout=10)
