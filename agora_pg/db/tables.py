@@ -70,19 +70,11 @@ jobs = Table(
     Column("cancel_requested_at", DateTime(timezone=True), nullable=True, comment="When a cancel of the running attempt was asked for; its worker stops it."),
     Column("progress", JSONB, nullable=True, comment="The running attempt's latest progress report ({done, total, message, at}); kept with the run when it ends."),
     Column("delayed", Boolean, nullable=False, server_default=text("false"), comment="The job waits for its run_at (enqueued for later, or backing off before a retry): it is outside the claim index until a worker's promotion clears this once run_at has passed."),
-    CheckConstraint("status IN ('pending', 'processing', 'done', 'failed', 'cancelled')", name="jobs_status_check"),
-    CheckConstraint("retry_count >= 0", name="jobs_retry_count_check"),
-    CheckConstraint("max_retries >= 0", name="jobs_max_retries_check"),
-    CheckConstraint("jsonb_typeof(payload) = 'object'", name="jobs_payload_check"),
-    CheckConstraint("lost_count >= 0", name="jobs_lost_count_check"),
-    CheckConstraint("timeout_seconds > 0", name="jobs_timeout_seconds_check"),
-    # each status tied to its columns (migration 0012)
-    CheckConstraint("(status = 'processing') = (locked_by IS NOT NULL)", name="jobs_locked_while_processing"),
-    CheckConstraint("lease_expires_at IS NULL OR status = 'processing'", name="jobs_lease_while_processing"),
-    CheckConstraint("status <> 'processing' OR started_at IS NOT NULL", name="jobs_started_while_processing"),
-    CheckConstraint("status NOT IN ('done', 'cancelled') OR finished_at IS NOT NULL",
-                    name="jobs_finished_at_when_ended"),
-    CheckConstraint("NOT delayed OR status IN ('pending', 'failed')", name="jobs_delayed_while_waiting"),
+    # The job row's eleven rules (status values, each status tied to its columns, no
+    # negative counters, an object payload, a positive timeout) in one function, which
+    # names the broken rule's constraint (migration 0014).
+    CheckConstraint("agora.job_row_is_valid(status, locked_by, lease_expires_at, started_at, finished_at, delayed, "
+                    "payload, retry_count, max_retries, lost_count, timeout_seconds)", name="jobs_row_check"),
     comment="One row per job; workers claim due rows with FOR UPDATE SKIP LOCKED.",
 )
 

@@ -43,7 +43,8 @@ def markdown(results: Results) -> str:
 
     row("1. enqueue, one call per job", "jobs/s", "enqueue_one_per_s", raw.get("insert_one_1c"), "pgbench insert one, 1 client")
     row("1. enqueue, one call per job, against a Python client", "jobs/s", "enqueue_one_per_s",
-        ours.get("plain_insert_per_s"), "asyncpg insert one into a plain table, around agora-pg's run")
+        ours.get("plain_insert_per_s"), "asyncpg insert one into a plain table with agora.jobs' columns, "
+        "around agora-pg's run")
     row("1. enqueue, batch API (median of 5)", "jobs/s", "enqueue_batch_per_s", raw.get("copy_10000"), "COPY 10,000 rows")
     for processes in results.get("processes", [1, 2, 4]):
         repeats = results.get("drain_repeats", 1)

@@ -39,7 +39,8 @@ def test_compare_harness_produces_a_table_for_agora(pg_server: Server, tmp_path:
         assert isinstance(agora[metric], float) and agora[metric] > 0, metric
     table = (folder / "results.md").read_text()
     assert "| 2. drain 300 jobs, 1 process(es) | jobs/s |" in table
-    paired = f"{agora['plain_insert_per_s']:,.0f} (asyncpg insert one into a plain table, around agora-pg's run)"
+    paired = (f"{agora['plain_insert_per_s']:,.0f} (asyncpg insert one into a plain table with agora.jobs' columns, "
+              "around agora-pg's run)")
     assert f"| 1. enqueue, one call per job, against a Python client | jobs/s | {agora['enqueue_one_per_s']:,.0f} |" in table
     assert paired in table
     assert "| 5. drain, 1 process, 1,000 finished jobs in history (median of 3) | jobs/s |" in table

@@ -1,5 +1,6 @@
 """The migrations and the table metadata agree, and migrate both ways."""
 
+import asyncio
 from typing import Any
 
 import asyncpg
@@ -189,6 +190,13 @@ async def test_downgrade_to_the_foreign_key_never_deletes_history(fresh_db: str)
     ("status = 'done', finished_at = NULL", "jobs_finished_at_when_ended"),
     ("status = 'cancelled', finished_at = NULL", "jobs_finished_at_when_ended"),
     ("status = 'done', finished_at = now(), delayed = true", "jobs_delayed_while_waiting"),
+    # the single-column rules, in the same one CHECK since migration 0014
+    ("status = 'bogus'", "jobs_status_check"),
+    ("payload = '[1]'", "jobs_payload_check"),
+    ("retry_count = -1", "jobs_retry_count_check"),
+    ("max_retries = -1", "jobs_max_retries_check"),
+    ("lost_count = -1", "jobs_lost_count_check"),
+    ("timeout_seconds = 0", "jobs_timeout_seconds_check"),
 ])
 async def test_the_database_refuses_a_job_whose_columns_contradict_its_status(
     store: Store, change: str, constraint: str
@@ -198,6 +206,30 @@ async def test_the_database_refuses_a_job_whose_columns_contradict_its_status(
         with pytest.raises(asyncpg.CheckViolationError) as refused:
             await connection.execute(f"UPDATE agora.jobs SET {change} WHERE id = $1", job_id)
     assert refused.value.constraint_name == constraint
+
+
+async def test_downgrade_from_the_one_row_check_restores_the_trigger_and_the_eleven_checks(fresh_db: str) -> None:
+    store = Store.open(Database(fresh_db))
+    checks = "SELECT count(*) FROM pg_constraint WHERE conrelid = 'agora.jobs'::regclass AND contype = 'c'"
+    try:
+        await migrate.upgrade(store)
+        await migrate.downgrade(store, "0013")
+        async with store.connection() as connection:
+            assert await connection.fetchval(checks) == 11
+            listener = await asyncpg.connect(fresh_db)
+            woken: asyncio.Queue[str] = asyncio.Queue()
+            await listener.add_listener("agora_jobs", lambda *args: woken.put_nowait(args[3]))
+            try:
+                await connection.execute("INSERT INTO agora.jobs (name, kind, queue) VALUES ('n', 'k', 'q1')")
+                assert await asyncio.wait_for(woken.get(), 10) == "q1"  # the trigger is back
+            finally:
+                await listener.close()
+        await migrate.upgrade(store)
+        async with store.connection() as connection:
+            assert await connection.fetchval(checks) == 1
+        assert await schema_diff(store) == []
+    finally:
+        await store.close()
 
 
 async def test_every_job_state_the_worker_writes_passes_the_checks(store: Store) -> None:

@@ -4,7 +4,7 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 
 from agora_pg.errors import InvalidJob
-from agora_pg.job_spec import JobSpec, batch_document
+from agora_pg.job_spec import JobSpec, batch_columns
 
 
 def test_row_defaults_name_to_kind_and_serialises_payload() -> None:
@@ -17,24 +17,29 @@ def test_default_max_retries_applies_only_when_unset() -> None:
     assert JobSpec("k", max_retries=1).as_row(5)[6] == 1
 
 
-def test_batch_document_is_one_json_array_of_rows() -> None:
+def test_batch_columns_are_one_array_per_column_and_one_json_array_of_payloads() -> None:
     when = datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=UTC)
     specs = [
         JobSpec("k", {"a": [1, "x"]}),
-        JobSpec("k", name="n", run_at=when, max_retries=1, dedup_key="d", timeout_seconds=2.5),
+        JobSpec("k", name="n", queue="q", priority=3, run_at=when, max_retries=1, dedup_key="d", timeout_seconds=2.5),
     ]
-    assert json.loads(batch_document(specs, 5)) == [
-        {"name": "k", "kind": "k", "queue": "default", "payload": {"a": [1, "x"]}, "priority": 0,
-         "run_at": None, "max_retries": 5, "dedup_key": None, "timeout_seconds": None},
-        {"name": "n", "kind": "k", "queue": "default", "payload": {}, "priority": 0,
-         "run_at": "2026-01-02T03:04:05.000006+00:00", "max_retries": 1, "dedup_key": "d", "timeout_seconds": 2.5},
-    ]
+    names, kinds, queues, payloads, priorities, run_ats, max_retries, dedup_keys, timeouts = batch_columns(specs, 5)
+    assert (names, kinds, queues, priorities, run_ats) == ([None, "n"], ["k", "k"], ["default", "q"], [None, 3], [None, when])
+    assert (max_retries, dedup_keys, timeouts) == ([5, 1], [None, "d"], [None, 2.5])
+    assert json.loads(payloads) == [{"a": [1, "x"]}, {}]
+
+
+def test_a_column_no_spec_sets_is_sent_as_null() -> None:
+    # (the statement fills in the default: name = kind, priority 0, run_at now, ...)
+    columns = batch_columns([JobSpec("k"), JobSpec("k2")])
+    assert columns[:4] == (None, ["k", "k2"], ["default", "default"], "[{},{}]")
+    assert columns[4:] == (None, None, None, None, None)
 
 
 @pytest.mark.parametrize("payload", [{"bad": object()}, {"nan": float("nan")}, {"nul": "a\x00b"}])
-def test_batch_document_names_the_bad_payload(payload: dict[str, object]) -> None:
+def test_batch_columns_name_the_bad_payload(payload: dict[str, object]) -> None:
     with pytest.raises(InvalidJob) as caught:
-        batch_document([JobSpec("k", {"fine": 1}), JobSpec("k", payload)])
+        batch_columns([JobSpec("k", {"fine": 1}), JobSpec("k", payload)])
     assert caught.value.field == "payload"
 
 
@@ -92,7 +97,7 @@ def test_a_backslash_then_u0000_is_text_not_a_nul() -> None:
     with pytest.raises(InvalidJob, match="NUL"):
         JobSpec("k", {"x": "\\\x00"}).payload_json()  # a backslash, then a real NUL
     with pytest.raises(InvalidJob, match="NUL"):
-        batch_document([JobSpec("k", {"x": "ok"}), JobSpec("k", {"x": "a\x00"})])
+        batch_columns([JobSpec("k", {"x": "ok"}), JobSpec("k", {"x": "a\x00"})])
 
 
 @pytest.mark.parametrize("run_at", [
