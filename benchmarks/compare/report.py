@@ -74,11 +74,40 @@ def markdown(results: Results) -> str:
         lines.append(f"| {label} | {_fmt(raw.get(f'{script}_1c'))} | {_fmt(raw.get(f'{script}_4c'))} |")
     lines.append(f"| COPY of 10,000 rows | {_fmt(raw.get('copy_10000'))} | |")
     lines += work_table(results)
+    lines += targets_table(results)
     lines += ["", "Settings of each system:", ""]
     lines += [f"- {systems[k]['name']}: {systems[k]['describe']}" for k in ["agora", *peers] if k in systems]
     if results.get("errors"):
         lines += ["", "Errors:", ""] + [f"- {error}" for error in results["errors"]]
     return "\n".join(lines) + "\n"
+
+
+# The speed targets (issue 38): (label, our metric, where its limit is, the limit's metric, the
+# lowest ratio that meets it). Each is a ratio to something measured in the same run.
+TARGETS = (
+    ("enqueue one at a time vs PgQueuer", "enqueue_one_per_s", "pgqueuer", "enqueue_one_per_s", 1.2),
+    ("enqueue one at a time vs a bare asyncpg insert, same columns", "enqueue_one_per_s", "agora",
+     "plain_insert_per_s", 0.9),
+    ("batch enqueue vs PgQueuer", "enqueue_batch_per_s", "pgqueuer", "enqueue_batch_per_s", 1.5),
+    ("drain, 1 process, vs pgbench claim+complete 100, 1 client", "drain_1p", "raw", "claim_100_1c", 0.75),
+    ("drain, 1 process, vs PgQueuer", "drain_1p", "pgqueuer", "drain_1p", 2.5),
+)
+
+
+def targets_table(results: Results) -> list[str]:
+    """Each speed target's ratio in this run, and whether it is met (rows whose figures
+    this run did not measure are left out)."""
+    systems, ours = results["systems"], results["systems"].get("agora", {})
+    lines = ["", "Targets (each a ratio to a limit measured in this run):", "",
+             "| target | ratio | needed | met |", "|---|---:|---:|---|"]
+    for label, metric, where, limit_metric, needed in TARGETS:
+        limit = (results.get("raw", {}) if where == "raw" else systems.get(where, {})).get(limit_metric)
+        mine = ours.get(metric)
+        if not isinstance(mine, int | float) or not isinstance(limit, int | float) or not limit:
+            continue
+        ratio = mine / limit
+        lines.append(f"| {label} | {ratio:.2f}x | {needed:.2f}x | {'yes' if ratio >= needed else 'no'} |")
+    return lines if len(lines) > 5 else []
 
 
 WORK_COLUMNS = (
