@@ -29,6 +29,7 @@ from agora_pg.db.connect import Database, resolve_database
 from agora_pg.settings import load_settings
 from benchmarks.compare import raw, report, server_work, workloads
 from benchmarks.compare.processes import ROOT
+from benchmarks.compare.systems.agora import LOW_CONCURRENCY, AgoraSystem
 from benchmarks.compare.systems.base import System
 
 SYSTEMS = {
@@ -143,6 +144,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     work_jobs = min(work_jobs, args.procrastinate_jobs)
                 entry["work"] = await attempt(
                     "server work per job", server_work.server_work_per_job(server, system, work_jobs))
+                if key == "agora":
+                    entry["work_low_concurrency"] = await attempt(
+                        f"server work per job at --concurrency {LOW_CONCURRENCY}",
+                        server_work.server_work_per_job(server, AgoraSystem(LOW_CONCURRENCY), work_jobs))
             if "latency" not in skip:
                 latency = await attempt("latency", workloads.wakeup_latency(server, system, args.latency_jobs))
                 entry.update({f"wakeup_{k}": v for k, v in (latency or {}).items()})

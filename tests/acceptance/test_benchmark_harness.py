@@ -44,7 +44,10 @@ def test_compare_harness_produces_a_table_for_agora(pg_server: Server, tmp_path:
     assert f"| 1. enqueue, one call per job, against a Python client | jobs/s | {agora['enqueue_one_per_s']:,.0f} |" in table
     assert paired in table
     ratio = agora["enqueue_one_per_s"] / agora["plain_insert_per_s"]
-    assert f"| enqueue one at a time vs a bare asyncpg insert, same columns | {ratio:.2f}x | 0.90x |" in table
+    assert f"| enqueue one at a time vs a bare asyncpg insert, same columns | {ratio:.2f}x | ≥ 0.90x |" in table
+    low, high = agora["work_low_concurrency"]["server_cpu_us"], agora["work"]["server_cpu_us"]
+    assert f"| server CPU per job, concurrency 10 vs 500 | {low / high:.2f}x | ≤ 2.00x |" in table
+    assert "| agora-pg, --concurrency 10 | 300 |" in table
     assert "| 5. drain, 1 process, 1,000 finished jobs in history (median of 3) | jobs/s |" in table
 
 

@@ -16,14 +16,19 @@ from agora_pg.db.store import Store
 from benchmarks.compare.systems.base import Mode, System, latency_payload, python_module_command
 
 CONCURRENCY = int(os.environ.get("BENCH_AGORA_CONCURRENCY", "500"))
+# The concurrency of the second server-work drain: the claim's cost when it asks for few rows.
+LOW_CONCURRENCY = 10
 
 
 class AgoraSystem(System):
     key = "agora"
     name = "agora-pg 0.1.0"
 
+    def __init__(self, concurrency: int = CONCURRENCY) -> None:
+        self.concurrency = concurrency
+
     def describe(self) -> str:
-        return f"--concurrency {CONCURRENCY}, LISTEN/NOTIFY on, poll 1 s"
+        return f"--concurrency {self.concurrency}, LISTEN/NOTIFY on, poll 1 s"
 
     async def setup(self, url: str) -> None:
         store = Store.open(Database(url), pool_size=1)
@@ -54,7 +59,7 @@ class AgoraSystem(System):
     def worker_command(self, url: str, mode: Mode) -> list[str]:
         module = "benchmarks.noop_worker" if mode == "drain" else "benchmarks.compare.systems.agora_latency_worker"
         return python_module_command("agora_pg.cli", "--log-level", "WARNING", "worker", "--module", module,
-                                     "--concurrency", str(CONCURRENCY))
+                                     "--concurrency", str(self.concurrency))
 
     def worker_env(self, url: str) -> dict[str, str]:
         return {"AGORA_PG_DATABASE_URL": url}
