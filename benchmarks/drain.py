@@ -1,13 +1,16 @@
 """Drain benchmark: N pre-enqueued no-op jobs, one `agora-pg worker` process.
 
     python -m benchmarks.drain [--jobs 10000] [--concurrency 10 100 500] [--database-url URL]
+                               [--limit-per-key N --keys K]
 
 Creates a scratch database on the server (AGORA_PG_DATABASE_URL / DATABASE_URL
 or --database-url; the embedded server in .agora-pg otherwise), migrates it,
 enqueues the jobs in batches, starts one worker process per concurrency
 setting and waits until every job is done. The rate is jobs divided by the
 time from the first to the last completion recorded in agora.runs. The
-database is dropped at the end.
+database is dropped at the end. With ``--limit-per-key N``, the jobs' kind is limited
+to N running jobs per payload key, the jobs spread over ``--keys`` keys: the cost of
+the limited claim.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -56,10 +60,12 @@ def database_named(server: Database, name: str) -> Database:
     return Database(urlunsplit(parts._replace(path=f"/{name}")))
 
 
-async def enqueue(store: Store, jobs: int) -> float:
+async def enqueue(store: Store, jobs: int, keys: int = 0) -> float:
+    """Enqueue ``jobs`` no-op jobs (with ``keys``, each with a payload key of that many)."""
     started = time.perf_counter()
     for offset in range(0, jobs, 5000):
-        await store.jobs.enqueue([JobSpec("noop", {"i": i}) for i in range(offset, min(jobs, offset + 5000))])
+        await store.jobs.enqueue([JobSpec("noop", {"i": i, "key": f"k{i % keys}"} if keys else {"i": i})
+                                  for i in range(offset, min(jobs, offset + 5000))])
     return time.perf_counter() - started
 
 
@@ -81,10 +87,13 @@ async def scratch_database(settings: Settings) -> AsyncIterator[tuple[Database, 
             await admin.close()
 
 
-async def drain_once(settings: Settings, jobs: int, concurrency: int) -> dict[str, float]:
+async def drain_once(settings: Settings, jobs: int, concurrency: int, limit_per_key: int = 0,
+                     keys: int = 0) -> dict[str, float]:
     async with scratch_database(settings) as (database, store):
-        enqueue_seconds = await enqueue(store, jobs)
+        enqueue_seconds = await enqueue(store, jobs, keys if limit_per_key else 0)
         env = worker_environment(AGORA_PG_DATABASE_URL=database.url, AGORA_PG_LOG_LEVEL="WARNING")
+        if limit_per_key:
+            env["BENCH_LIMIT_PER_KEY"] = str(limit_per_key)
         started = time.perf_counter()
         process = subprocess.Popen(
             [sys.executable, "-m", "agora_pg.cli", "worker", "--module", "benchmarks.noop_worker",
@@ -126,6 +135,10 @@ async def main() -> None:
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[10, 100, 500])
     parser.add_argument("--database-url")
+    parser.add_argument("--limit-per-key", type=int, default=0,
+                        help="limit the kind to N running jobs per payload key [no limit]")
+    parser.add_argument("--keys", type=int, default=50, help="keys the jobs spread over, with --limit-per-key [50]")
+    parser.add_argument("--repeats", type=int, default=1, help="drains per concurrency; prints each and the median")
     args = parser.parse_args()
     settings = load_settings(os.environ)
     if args.database_url:
@@ -136,16 +149,25 @@ async def main() -> None:
         sync_commit = await admin.fetchval("SHOW synchronous_commit")
         await admin.close()
         print(f"PostgreSQL {version} (synchronous_commit={sync_commit}) at {server.display_url}; {os.cpu_count()} cores")
+        if args.limit_per_key:
+            print(f"the kind limited to {args.limit_per_key} running per key, over {args.keys} keys")
         print("| jobs | concurrency | drain jobs/s (first to last completion) | wall s (incl. start-up) "
               "| batch enqueue jobs/s | worker peak RSS MB |")
         print("|---:|---:|---:|---:|---:|---:|")
         for concurrency in args.concurrency:
-            result = await drain_once(settings.replace(database_url=server.url), args.jobs, concurrency)
-            print(
-                f"| {args.jobs} | {concurrency} | {result['drain_per_s']:,.0f} | {result['wall_s']:.2f} "
-                f"| {result['enqueue_per_s']:,.0f} | {result['peak_rss_mb']:.0f} |",
-                flush=True,
-            )
+            rates = []
+            for _ in range(args.repeats):
+                result = await drain_once(settings.replace(database_url=server.url), args.jobs, concurrency,
+                                          args.limit_per_key, args.keys)
+                rates.append(result["drain_per_s"])
+                print(
+                    f"| {args.jobs} | {concurrency} | {result['drain_per_s']:,.0f} | {result['wall_s']:.2f} "
+                    f"| {result['enqueue_per_s']:,.0f} | {result['peak_rss_mb']:.0f} |",
+                    flush=True,
+                )
+            if args.repeats > 1:
+                print(f"| median of {args.repeats} | {concurrency} | {statistics.median(rates):,.0f} | | | |",
+                      flush=True)
 
 
 if __name__ == "__main__":

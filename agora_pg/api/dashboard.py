@@ -109,6 +109,7 @@ class DashboardFragments(Controller):
             "workers": await store.read_rows(queries.DASHBOARD_WORKERS, WORKER_ALIVE_SECONDS),
             "alive_seconds": WORKER_ALIVE_SECONDS,
             "troubled": [row for row in schedules if row["in_trouble"]],
+            "limits": await store.read_rows(queries.KIND_LIMITS_NOW),
         })
 
     @get("/jobs")

@@ -64,4 +64,16 @@ def render_metrics(snapshot: MetricsSnapshot, process: Collector | None = None) 
     Gauge(
         "agora_schedules_in_backoff", "Active schedules waiting out an error backoff.", registry=registry
     ).set(snapshot.schedules_in_backoff)
+    limits = {
+        name: Gauge(f"agora_kind_limit{suffix}", text, ["kind"], registry=registry)
+        for name, suffix, text in (
+            ("concurrency", "", "A limited kind's concurrency limit (per key, for a kind limited by a payload field)."),
+            ("running", "_running", "Running jobs of a limited kind."),
+            ("full_keys", "_full_keys", "Keys of a limited kind at their limit: their due jobs wait for a slot."),
+            ("waiting", "_waiting", "Due jobs of a limited kind not running yet."),
+        )
+    }
+    for limit in snapshot.kind_limits:
+        for name, gauge in limits.items():
+            gauge.labels(kind=limit.kind).set(getattr(limit, name))
     return generate_latest(registry)

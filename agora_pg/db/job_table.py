@@ -104,6 +104,32 @@ class JobTable:
         jobs.sort(key=lambda job: (-job.priority, job.run_at, job.id))
         return jobs
 
+    async def claim_limited(
+        self, queues: Sequence[str], limit: int, worker_id: str, lease_seconds: float, kinds: Sequence[str],
+        scan: int,
+    ) -> list[Job]:
+        """Claim up to ``limit`` due jobs of the limited ``kinds`` without overshooting any
+        kind's or key's concurrency limit (``queries.CLAIM_LIMITED_JOBS``); ``scan`` due
+        jobs are looked at, in claim order."""
+        rows = await self._store.fetch(
+            queries.CLAIM_LIMITED_JOBS, list(queues), list(kinds), scan, limit, worker_id, float(lease_seconds)
+        )
+        jobs = [row_to_job(row) for row in rows]
+        jobs.sort(key=lambda job: (-job.priority, job.run_at, job.id))
+        return jobs
+
+    async def declare_limits(self, limits: Mapping[str, tuple[int | None, str | None]]) -> None:
+        """Write the concurrency limits of these kinds (kind: (concurrency, limit_by));
+        a kind whose concurrency is None has its limit removed."""
+        kinds = sorted(limits)
+        await self._store.fetch(
+            queries.DECLARE_KIND_LIMITS, kinds, [limits[k][0] for k in kinds], [limits[k][1] for k in kinds]
+        )
+
+    async def limited_kinds(self, kinds: Sequence[str]) -> set[str]:
+        """Those of ``kinds`` that have a concurrency limit, as any worker declared it."""
+        return {row["kind"] for row in await self._store.fetch(queries.LIMITED_KINDS, list(kinds))}
+
     async def complete_succeeded(
         self, attempts: Sequence[tuple[int, int]], worker_id: str, results: Mapping[int, str] | None = None
     ) -> set[int]:

@@ -164,24 +164,37 @@ SELECT {JOB_COLUMNS} FROM running
 _JOB_LEASE = """CASE WHEN (SELECT w.lease_expires_at FROM agora.workers AS w WHERE w.id = {worker}) > now() THEN NULL
                         ELSE now() + make_interval(secs => {seconds}) END"""
 
-_CLAIM_UPDATE = f"""
+
+def _claim_update(worker: str, seconds: str) -> str:
+    """The UPDATE that claims the rows of the CTE ``next`` for the worker (parameter) ``worker``."""
+    return f"""
 UPDATE agora.jobs AS j
-SET status = 'processing', started_at = now(), finished_at = NULL, locked_by = $3,
-    lease_expires_at = {_JOB_LEASE.format(worker="$3", seconds="$4")}, attempt = j.attempt + 1,
+SET status = 'processing', started_at = now(), finished_at = NULL, locked_by = {worker},
+    lease_expires_at = {_JOB_LEASE.format(worker=worker, seconds=seconds)}, attempt = j.attempt + 1,
     cancel_requested_at = NULL, progress = NULL
 FROM next WHERE j.id = next.id
 RETURNING {", ".join("j." + c.strip() for c in JOB_COLUMNS.split(","))}
 """
+
+
+_CLAIM_UPDATE = _claim_update("$3", "$4")
 
 # Claim up to $2 due jobs of queue $1 for worker $3, with a lease of $4 seconds (see _JOB_LEASE).
 # `queue = $1` (not `= ANY(...)`) lets the scan read jobs_claimable_idx in its order
 # and stop after $2 rows; with ANY, PostgreSQL fetches every due row and sorts them.
 # Delayed jobs are not in that index (PROMOTE_DUE_JOBS moves them in once due), so
 # however many wait for later, a claim reads only rows it can take.
+# Kinds with a concurrency limit (agora.kind_limits) are left to the limited claim below,
+# whichever worker claims: one InitPlan per statement, nothing per row but the test. It
+# tests `kind || ''`, an expression without statistics: on `kind` itself the planner
+# estimates, where few kinds are queued, that the test keeps almost no row, and sorts
+# every due job instead of reading the claim index in order.
+_UNLIMITED = "(kind || '') <> ALL(ARRAY(SELECT kind FROM agora.kind_limits))"
+
 CLAIM_JOBS = f"""
 WITH next AS (
     SELECT id FROM agora.jobs
-    WHERE ({CLAIMABLE_NOW}) AND queue = $1 AND run_at <= now()
+    WHERE ({CLAIMABLE_NOW}) AND queue = $1 AND run_at <= now() AND {_UNLIMITED}
     ORDER BY priority DESC, run_at, id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -200,7 +213,7 @@ WITH next AS (
     SELECT best.id FROM unnest($1::text[]) AS q(name)
     CROSS JOIN LATERAL (
         SELECT id, priority, run_at FROM agora.jobs
-        WHERE ({CLAIMABLE_NOW}) AND queue = q.name AND run_at <= now()
+        WHERE ({CLAIMABLE_NOW}) AND queue = q.name AND run_at <= now() AND {_UNLIMITED}
         ORDER BY priority DESC, run_at, id
         LIMIT $2
         FOR UPDATE SKIP LOCKED
@@ -209,6 +222,35 @@ WITH next AS (
     LIMIT $2
 )
 {_CLAIM_UPDATE}"""
+
+# -- limited kinds -------------------------------------------------------------
+#
+# Jobs of limited kinds are claimed by agora.claim_limited_jobs (migration 0015): one
+# statement, in which a first step locks the keys of the due jobs that fit (an advisory
+# lock per kind and key, skipping keys another claim holds) and a second, with a snapshot
+# taken once those locks are held, counts each key's running jobs again and claims what
+# still fits. $1 queues (text[]), $2 the limited kinds (text[]), $3 how many due jobs to
+# look at, $4 the most to claim, $5 the worker, $6 its lease seconds (as CLAIM_JOBS's).
+CLAIM_LIMITED_JOBS = f"""
+SELECT {JOB_COLUMNS} FROM agora.claim_limited_jobs($1::text[], $2::text[], $3, $4, $5, $6)
+"""
+
+# Declare the limits of kinds a worker handles ($1 kinds, $2 concurrency (NULL: none),
+# $3 limit_by): a limit is written, a kind without one has its row deleted.
+DECLARE_KIND_LIMITS = """
+WITH declared AS (
+    SELECT * FROM unnest($1::text[], $2::int[], $3::text[]) AS d(kind, concurrency, limit_by)
+), removed AS (
+    DELETE FROM agora.kind_limits AS l USING declared AS d WHERE l.kind = d.kind AND d.concurrency IS NULL
+)
+INSERT INTO agora.kind_limits AS l (kind, concurrency, limit_by)
+SELECT kind, concurrency, limit_by FROM declared WHERE concurrency IS NOT NULL
+ON CONFLICT (kind) DO UPDATE SET concurrency = EXCLUDED.concurrency, limit_by = EXCLUDED.limit_by, updated_at = now()
+    WHERE (l.concurrency, l.limit_by) IS DISTINCT FROM (EXCLUDED.concurrency, EXCLUDED.limit_by)
+"""
+
+# The limited kinds among $1 (text[]).
+LIMITED_KINDS = "SELECT kind FROM agora.kind_limits WHERE kind = ANY($1::text[])"
 
 # Promote up to $1 delayed jobs whose run_at has passed into the claim index, waking the
 # workers of their queues. Returns how many, and the seconds until the next delayed job
@@ -832,6 +874,25 @@ METRIC_SCHEDULES = """
 SELECT state, count(*) AS schedules,
        count(*) FILTER (WHERE state = 'active' AND consecutive_errors > 0) AS in_backoff
 FROM agora.schedules GROUP BY state
+"""
+
+# Each limited kind (agora.kind_limits): its limit, its running jobs, how many of its keys
+# are at their limit, and how many of its jobs are due and waiting (for /metrics and the
+# dashboard).
+KIND_LIMITS_NOW = f"""
+SELECT l.kind, l.concurrency, l.limit_by,
+       COALESCE(sum(r.n), 0)::int AS running,
+       (count(*) FILTER (WHERE r.n >= l.concurrency))::int AS full_keys,
+       (SELECT count(*) FROM agora.jobs AS j
+        WHERE j.kind = l.kind AND ({CLAIMABLE_NOW}) AND j.run_at <= now())::int AS waiting
+FROM agora.kind_limits AS l
+LEFT JOIN LATERAL (
+    SELECT count(*) AS n FROM agora.jobs AS j
+    WHERE j.status = 'processing' AND j.kind = l.kind
+    GROUP BY COALESCE(j.payload->>l.limit_by, '')
+) AS r ON true
+GROUP BY l.kind, l.concurrency, l.limit_by
+ORDER BY l.kind
 """
 
 # -- pipelines: checkpoints and dead letters ------------------------------------------

@@ -48,6 +48,20 @@ class MetricsSnapshot:
     recent_window_seconds: float
     schedules: dict[str, int]  # state -> count
     schedules_in_backoff: int
+    kind_limits: list[KindLimitNow] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(frozen=True)
+class KindLimitNow:
+    """A limited kind now (``queries.KIND_LIMITS_NOW``): its limit (per key of ``limit_by``),
+    its running jobs, its keys at their limit and its due jobs waiting."""
+
+    kind: str
+    concurrency: int
+    limit_by: str | None
+    running: int
+    full_keys: int
+    waiting: int
 
 
 def oldest_due_by_queue(ages: Iterable[tuple[str, Any]]) -> dict[str, float]:

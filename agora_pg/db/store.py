@@ -36,7 +36,7 @@ from agora_pg.db.connections import (
     is_transient,
 )
 from agora_pg.db.job_table import JobTable
-from agora_pg.db.run_rows import MetricsSnapshot, oldest_due_by_queue
+from agora_pg.db.run_rows import KindLimitNow, MetricsSnapshot, oldest_due_by_queue
 from agora_pg.db.run_table import RunTable
 from agora_pg.db.schedule_table import ScheduleTable
 from agora_pg.db.worker_table import WorkerTable
@@ -215,6 +215,7 @@ class Store:
             live = await connection.fetch(queries.METRIC_QUEUE_NOW)
             runs = await connection.fetch(queries.METRIC_RECENT_RUNS, recent_window_seconds)
             schedules = await connection.fetch(queries.METRIC_SCHEDULES)
+            limits = await connection.fetch(queries.KIND_LIMITS_NOW)
         return MetricsSnapshot(
             live_jobs=[(row["queue"], row["state"], row["jobs"]) for row in live],
             oldest_due_seconds=oldest_due_by_queue(
@@ -224,6 +225,7 @@ class Store:
             recent_window_seconds=recent_window_seconds,
             schedules={row["state"]: row["schedules"] for row in schedules},
             schedules_in_backoff=sum(row["in_backoff"] for row in schedules),
+            kind_limits=[KindLimitNow(**dict(row.items())) for row in limits],
         )
 
     async def event_times(self, max_lag_seconds: float) -> tuple[datetime, datetime]:

@@ -200,3 +200,15 @@ workers = Table(
     Column("lease_expires_at", DateTime(timezone=True), nullable=True, comment="Until when the worker's running jobs are its own (renewed by its lease supervisor); after this, other workers rescue them. NULL: the worker holds no worker lease."),
     comment="Worker processes and their heartbeats.",
 )
+
+kind_limits = Table(
+    "kind_limits",
+    metadata,
+    Column("kind", Text, primary_key=True, comment="The job kind limited."),
+    Column("concurrency", Integer, nullable=False, comment="At most this many of the kind's jobs (or of each key's) run at once, across every worker."),
+    Column("limit_by", Text, nullable=True, comment="Payload field whose value is the key each limit counts apart; NULL: the kind as a whole."),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=text("now()"), comment="When a worker last declared the limit."),
+    CheckConstraint("concurrency > 0", name="kind_limits_concurrency_positive"),
+    CheckConstraint("limit_by IS NULL OR limit_by <> ''", name="kind_limits_limit_by_not_empty"),
+    comment="Concurrency limits of job kinds, declared by the workers that handle them.",
+)

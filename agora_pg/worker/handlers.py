@@ -33,7 +33,9 @@ class KindOptions:
     ``Queue``, ``SyncQueue`` or API that knows the kinds). ``retry_backoff``: base
     seconds of the retry delay (``WORKER_RETRY_BACKOFF_SECONDS`` otherwise).
     ``payload``: a dataclass or ``msgspec.Struct`` the payload must decode into; the
-    handler's ``job.payload`` is then an instance of it."""
+    handler's ``job.payload`` is then an instance of it. ``concurrency``: at most this many
+    of the kind's jobs run at once across every worker, or of each key's with
+    ``limit_by``, the payload field whose value is the key (jobs without it share one)."""
 
     timeout: float | None = None
     non_retryable: tuple[type[BaseException], ...] = ()
@@ -41,6 +43,8 @@ class KindOptions:
     retry_backoff: float | None = None
     queue: str | None = None
     payload: type | None = None
+    concurrency: int | None = None
+    limit_by: str | None = None
 
     def __post_init__(self) -> None:
         if self.timeout is not None and not (isinstance(self.timeout, int | float) and self.timeout > 0):
@@ -59,6 +63,14 @@ class KindOptions:
             JobSpec("kind", queue=self.queue)  # the queue's rules are a job's
         if self.payload is not None and not is_payload_type(self.payload):
             raise TypeError(f"payload must be a dataclass or a msgspec.Struct class, got {self.payload!r}")
+        if self.concurrency is not None and (isinstance(self.concurrency, bool)
+                                             or not isinstance(self.concurrency, int) or self.concurrency < 1):
+            raise ValueError(f"concurrency must be a whole number >= 1, got {self.concurrency!r}")
+        if self.limit_by is not None:
+            if not isinstance(self.limit_by, str) or not self.limit_by.strip():
+                raise ValueError(f"limit_by must be the name of a payload field, got {self.limit_by!r}")
+            if self.concurrency is None:
+                raise ValueError(f"limit_by={self.limit_by!r} needs a concurrency limit to count by it")
 
     def apply(self, spec: JobSpec) -> JobSpec:
         """``spec`` as this kind enqueues it: its payload checked against ``payload`` (as
@@ -112,13 +124,14 @@ class Handlers(Mapping[str, Handler]):
     def kind(
         self, name: str, *, timeout: float | None = None, non_retryable: tuple[type[BaseException], ...] = (),
         max_retries: int | None = None, retry_backoff: float | None = None, queue: str | None = None,
-        payload: type | None = None,
+        payload: type | None = None, concurrency: int | None = None, limit_by: str | None = None,
     ) -> Callable[[Handler], Handler]:
         """Register the decorated function as the handler of ``name`` (options: ``KindOptions``)."""
 
         def register(handler: Handler) -> Handler:
             self.add(name, handler, timeout=timeout, non_retryable=non_retryable, max_retries=max_retries,
-                     retry_backoff=retry_backoff, queue=queue, payload=payload)
+                     retry_backoff=retry_backoff, queue=queue, payload=payload, concurrency=concurrency,
+                     limit_by=limit_by)
             return handler
 
         return register
@@ -127,6 +140,7 @@ class Handlers(Mapping[str, Handler]):
         self, name: str, handler: Handler, *, timeout: float | None = None,
         non_retryable: tuple[type[BaseException], ...] = (), max_retries: int | None = None,
         retry_backoff: float | None = None, queue: str | None = None, payload: type | None = None,
+        concurrency: int | None = None, limit_by: str | None = None,
     ) -> None:
         """Register ``handler`` for ``name`` (as ``kind`` does, without decorating)."""
         if not isinstance(name, str) or not name.strip():
@@ -135,7 +149,8 @@ class Handlers(Mapping[str, Handler]):
             raise TypeError(f"the handler of {name!r} must be callable, got {type(handler).__name__}")
         if name in self._handlers:
             raise ValueError(f"kind {name!r} is registered twice")
-        options = KindOptions(timeout, tuple(non_retryable), max_retries, retry_backoff, queue, payload)
+        options = KindOptions(timeout, tuple(non_retryable), max_retries, retry_backoff, queue, payload,
+                              concurrency, limit_by)
         self._handlers[name] = handler
         self._options[name] = options
 

@@ -46,6 +46,11 @@ T = TypeVar("T")
 TIMEOUT_SWEEP_SECONDS = 0.1  # how often running attempts are checked against their deadline
 ABORT_STEP_SECONDS = 1.0  # after a second signal, unrecorded outcomes get this long, then are left
 PIPELINED_ABOVE = 100  # concurrency above which a claim takes at most half the slots
+LIMITS_REFRESH_SECONDS = 5.0  # how often a worker reads which of its kinds have a concurrency limit
+# A limited claim looks at the first max(LIMITED_SCAN, LIMITED_SCAN_PER_SLOT x slots asked)
+# due jobs of each queue, of any kind, for jobs of its limited kinds that fit their limits.
+LIMITED_SCAN = 100
+LIMITED_SCAN_PER_SLOT = 4
 PROMOTE_BATCH = 1000  # delayed jobs promoted per statement
 PROMOTE_MIN_INTERVAL = 0.1  # seconds between a worker's promotions while delayed jobs keep falling due
 PROMOTE_MARGIN = 0.002  # wake this long after the next delayed job falls due
@@ -182,6 +187,8 @@ class _WorkerRun:
         self.unknown_seen = False  # the lease supervisor saw jobs held unknowingly: look once
         self.delayed_inserted = asyncio.Event()  # new delayed jobs: the promoter looks again
         self.claim_batch = claim_batch(settings.concurrency)
+        self.limited_kinds: tuple[str, ...] = ()  # of known_kinds, those with a concurrency limit
+        self.limits_read_at = -LIMITS_REFRESH_SECONDS
 
     async def serve(self) -> None:
         worker, settings = self.worker, self.settings
@@ -193,6 +200,14 @@ class _WorkerRun:
         except Stopped:  # stopped before it started: nothing was claimed, nothing to wait for
             log.info("worker %s stopped before it registered", worker.id)
             return
+        if worker.claim_kinds is None and worker.kind_options:
+            limits = {kind: (options.concurrency, options.limit_by) for kind, options in worker.kind_options.items()}
+            try:
+                await retry_database(lambda: self.store.jobs.declare_limits(limits),
+                                     what="declaring the kinds' limits", stop=worker._stopping)
+            except Stopped:
+                log.info("worker %s stopped before it started", worker.id)
+                return
         log.info(
             "worker %s started: queues=%s concurrency=%d notifications=%s",
             worker.id, ",".join(settings.queues), settings.concurrency,
@@ -246,10 +261,7 @@ class _WorkerRun:
                 if free > 0:
                     limit = min(free, self.claim_batch)
                     claimed_at = time.monotonic()
-                    jobs = await self._unless_stopping(
-                        self.store.jobs.claim(settings.queues, limit, worker.id, settings.lease_seconds,
-                                              worker.claim_kinds)
-                    )
+                    jobs = await self._claim(limit)
                     pause.reset()
                     self._start(await self._one_suspect_at_most(jobs), claimed_at)
                     if len(jobs) == limit:
@@ -267,6 +279,33 @@ class _WorkerRun:
                 await wait_for_event(worker._stopping, wait)
                 continue
             await wait_for_event(worker._wakeup, settings.poll_seconds)
+
+    async def _claim(self, limit: int) -> list[Job]:
+        """Up to ``limit`` due jobs: first of this worker's limited kinds (within their
+        limits), then of any other kind it handles."""
+        worker, settings = self.worker, self.settings
+        jobs: list[Job] = []
+        if worker.claim_kinds is None:
+            if time.monotonic() - self.limits_read_at >= LIMITS_REFRESH_SECONDS:
+                self.limited_kinds = tuple(sorted(await self.store.jobs.limited_kinds(self.known_kinds)))
+                self.limits_read_at = time.monotonic()
+            if self.limited_kinds:
+                jobs = await self._unless_stopping(self.store.jobs.claim_limited(
+                    settings.queues, limit, worker.id, settings.lease_seconds, self.limited_kinds,
+                    scan=max(LIMITED_SCAN, LIMITED_SCAN_PER_SLOT * limit)))
+        if len(jobs) < limit:
+            try:
+                jobs += await self._unless_stopping(
+                    self.store.jobs.claim(settings.queues, limit - len(jobs), worker.id, settings.lease_seconds,
+                                          worker.claim_kinds)
+                )
+            except _Stopping:
+                raise
+            except Exception as error:  # the limited claim committed: its jobs run, the rest is claimed later
+                if not jobs:
+                    raise
+                log.warning("claiming jobs: %s; running the %d claimed within their limits", error, len(jobs))
+        return jobs
 
     async def _unless_stopping(self, call: Coroutine[Any, Any, T]) -> T:
         """Await ``call`` unless the worker stops first (a claim then counts as unsure)."""

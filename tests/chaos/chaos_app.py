@@ -30,6 +30,19 @@ async def work(job: Job, resources: object) -> None:
     await asyncio.sleep(float(job.payload.get("seconds", 0.0)))
 
 
+@handlers.kind("limited", concurrency=2, limit_by="key")
+async def limited(job: Job, resources: object) -> None:
+    """An ordinary job of a kind limited to 2 running per payload ``key``: recorded when it
+    starts and, in ``<pid>.ends``, when it ends (a kill leaves no end: the kill's time is)."""
+    record(job)
+    try:
+        await asyncio.sleep(float(job.payload.get("seconds", 0.0)))
+    finally:
+        path = os.path.join(os.environ["CHAOS_LEDGER_DIR"], f"{os.getpid()}.ends")
+        with open(path, "a", encoding="utf-8") as ends:
+            ends.write(f"{job.id} {job.attempt} {os.getpid()} {time.time():.6f}\n")
+
+
 @handlers.kind("hang", timeout=1.0)
 async def hang(job: Job, resources: object) -> None:
     """Never returns by itself: its kind's timeout ends each attempt."""

@@ -207,6 +207,39 @@ def read_ledger(ledger_dir: Path) -> list[Execution]:
     return sorted(rows, key=lambda row: row.at)
 
 
+def read_ends(ledger_dir: Path) -> dict[tuple[int, int, int], float]:
+    """When each execution that recorded its end ended: (job, attempt, pid) -> time."""
+    ends = {}
+    for path in ledger_dir.glob("*.ends"):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            parts = line.split()
+            if len(parts) == 4:
+                ends[(int(parts[0]), int(parts[1]), int(parts[2]))] = float(parts[3])
+    return ends
+
+
+def peak_running(executions: list[Execution], ends: dict[tuple[int, int, int], float],
+                 killed: dict[int, float], key_of: dict[int, str]) -> dict[str, int]:
+    """The most executions of each key (``key_of``: job id -> key) that ran at one
+    instant, from the ledger: each from its start to its recorded end, or to its
+    process's kill (an execution with neither runs to the end of time). At one instant,
+    ends count before starts."""
+    events: dict[str, list[tuple[float, int]]] = defaultdict(list)
+    for e in executions:
+        if e.job_id not in key_of:
+            continue
+        end = ends.get((e.job_id, e.attempt, e.pid), killed.get(e.pid, float("inf")))
+        events[key_of[e.job_id]] += [(e.at, 1), (end, -1)]
+    peaks = {}
+    for key, moments in events.items():
+        running = peak = 0
+        for _, step in sorted(moments, key=lambda m: (m[0], m[1])):
+            running += step
+            peak = max(peak, running)
+        peaks[key] = peak
+    return peaks
+
+
 LEDGER_TABLE = """
 CREATE TABLE IF NOT EXISTS public.chaos_ledger (job_id bigint NOT NULL, attempt int NOT NULL, pid int NOT NULL,
                                                at timestamptz NOT NULL)
@@ -257,18 +290,19 @@ SELECT count(*) AS enqueued,
        count(*) FILTER (WHERE j.status = 'done' AND e.n IS NULL) AS done_unexecuted,
        count(*) FILTER (WHERE {WAITING}) AS stuck
 FROM agora.jobs j LEFT JOIN executions e ON e.job_id = j.id
-WHERE j.kind = 'work'
+WHERE j.kind = $1
 """
 
 
 async def tally(database_url: str, executions: list[Execution], killed: dict[int, float],
-                acknowledged: list[int]) -> Tally:
+                acknowledged: list[int], kind: str = "work") -> Tally:
+    """The jobs of ``kind`` against the ledger (see ``Tally``)."""
     await store_ledger(database_url, executions)
     connection = await asyncpg.connect(database_url)
     try:
-        counts = await connection.fetchrow(TALLY)
+        counts = await connection.fetchrow(TALLY, kind)
         present = {row["id"] for row in await connection.fetch("SELECT id FROM agora.jobs")}
-        work = {row["id"] for row in await connection.fetch("SELECT id FROM agora.jobs WHERE kind = 'work'")}
+        work = {row["id"] for row in await connection.fetch("SELECT id FROM agora.jobs WHERE kind = $1", kind)}
         # attempts that ended without success, recorded: a retry of them is by design
         ended = {(row["job_id"], row["attempt"]) for row in await connection.fetch(
             "SELECT job_id, attempt FROM agora.runs WHERE job_id IS NOT NULL AND status <> 'succeeded'")}

@@ -38,6 +38,8 @@ from .harness import (
     Tally,
     chaos_env,
     measure_flow,
+    peak_running,
+    read_ends,
     read_ledger,
     rerun_delays,
     tally,
@@ -110,6 +112,57 @@ async def repeated_kills(setup: Setup, size: Size) -> Result:
     slow = dataclasses.replace(size, job_seconds=0.1)
     result = await measure_flow("repeated_kills", slow, setup.database_url, fleet, ledger, fault)
     _note_reruns(result, ledger, fleet)
+    return result
+
+
+LIMIT_KEYS = 50
+LIMIT_PER_KEY = 2  # chaos_app's "limited" kind: concurrency=2, limit_by="key"
+
+
+async def limits_under_kills(setup: Setup, size: Size) -> Result:
+    """4 workers drain jobs of a kind limited to 2 running per key, over 50 keys; every
+    2 s one worker, at random, is killed with SIGKILL and a new one started. From the
+    ledger's start and end times (a killed execution ends at its kill), no key may ever
+    have had more than 2 executions running at once."""
+    # 4 x 50 slots for 50 x 2 running jobs at most: the limit, not the slots, holds jobs back
+    fleet, ledger = setup.fleet(WORKER_CONCURRENCY="50")
+    fleet.start(4)
+    await wait_workers(setup.database_url, 4)
+    rng = random.Random(setup.seed)
+    jobs = int(size.rate * (size.baseline + size.fault)) * 2  # 100 at a time for 0.5 s: the storm's length
+    store = Store.open(Database(setup.database_url), pool_size=1)
+    try:
+        enqueued = await store.jobs.enqueue(
+            [JobSpec("limited", {"key": f"k{i % LIMIT_KEYS}", "seconds": 0.5}) for i in range(jobs)])
+    finally:
+        await store.close()
+    acknowledged = [job.id for job, _ in enqueued]
+    kills = 0
+    deadline = time.monotonic() + size.fault
+    while time.monotonic() < deadline:
+        await asyncio.sleep(2.0)
+        fleet.kill_random(rng)
+        fleet.start(1)
+        kills += 1
+    drained = await wait_drained(setup.database_url, 120.0)
+    codes = fleet.stop()
+    executions = read_ledger(ledger)
+    counts = await tally(setup.database_url, executions, fleet.killed, acknowledged, kind="limited")
+    connection = await asyncpg.connect(setup.database_url)
+    try:
+        key_of = {row["id"]: row["key"] for row in await connection.fetch(
+            "SELECT id, payload->>'key' AS key FROM agora.jobs WHERE kind = 'limited'")}
+    finally:
+        await connection.close()
+    peaks = peak_running(executions, read_ends(ledger), fleet.killed, key_of)
+    over = {key: peak for key, peak in peaks.items() if peak > LIMIT_PER_KEY}
+    result = Result("limits_under_kills", size.name, counts, shape=False,
+                    notes={"kills": kills, "drained": drained, "stop_codes": codes,
+                           "peak_running_per_key": max(peaks.values(), default=0)})
+    if over:
+        result.extra_violations.append(f"keys over their limit of {LIMIT_PER_KEY}: {over}")
+    if len(peaks) < LIMIT_KEYS or max(peaks.values()) < LIMIT_PER_KEY:
+        result.extra_violations.append(f"the limit was never reached ({len(peaks)} keys ran): the test proves nothing")
     return result
 
 
@@ -841,6 +894,7 @@ def _read_runs(ledger: Path) -> list[dict[str, Any]]:
 SCENARIOS: dict[str, Callable[[Setup, Size], Awaitable[Result]]] = {
     "crash_recovery": crash_recovery,
     "repeated_kills": repeated_kills,
+    "limits_under_kills": limits_under_kills,
     "postgres_restart_fast": lambda setup, size: postgres_restart(setup, size, "fast", 1.0),
     "postgres_restart_immediate": lambda setup, size: postgres_restart(setup, size, "immediate", 1.0),
     "postgres_restart_held": lambda setup, size: postgres_restart(setup, size, "fast", LEASE_SECONDS + 3.0),

@@ -1,0 +1,150 @@
+"""Concurrency limits per kind and per key: counted by the database at claim time."""
+
+import asyncio
+from collections import Counter
+
+import pytest
+
+from agora_pg import JobSpec, Queue
+from agora_pg.db.job_rows import JobFinish
+from agora_pg.db.store import Store
+from agora_pg.settings import Settings
+from agora_pg.worker.handlers import Handlers, KindOptions
+
+from .test_api import api_client
+
+
+async def _limits(store: Store) -> dict[str, tuple[int, str | None]]:
+    async with store.connection() as connection:
+        rows = await connection.fetch("SELECT kind, concurrency, limit_by FROM agora.kind_limits")
+    return {row["kind"]: (row["concurrency"], row["limit_by"]) for row in rows}
+
+
+async def _running_by_key(store: Store, field: str) -> Counter[str]:
+    async with store.connection() as connection:
+        rows = await connection.fetch(
+            "SELECT payload->>$1 AS key FROM agora.jobs WHERE status = 'processing'", field)
+    return Counter(row["key"] for row in rows)
+
+
+def test_kind_options_check_the_limits() -> None:
+    assert KindOptions(concurrency=2, limit_by="customer_id").concurrency == 2
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="concurrency must be a whole number >= 1"):
+            KindOptions(concurrency=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="limit_by must be the name of a payload field"):
+        KindOptions(concurrency=2, limit_by=" ")
+    with pytest.raises(ValueError, match="needs a concurrency limit"):
+        KindOptions(limit_by="customer_id")
+    handlers = Handlers()
+
+    @handlers.kind("mail", concurrency=3, limit_by="customer_id")
+    async def mail(job: object, resources: object) -> None: ...
+
+    assert handlers.options("mail") == KindOptions(concurrency=3, limit_by="customer_id")
+
+
+async def test_declared_limits_are_written_changed_and_removed(store: Store) -> None:
+    await store.jobs.declare_limits({"mail": (3, "customer_id"), "report": (1, None), "plain": (None, None)})
+    assert await _limits(store) == {"mail": (3, "customer_id"), "report": (1, None)}
+    await store.jobs.declare_limits({"mail": (5, None), "report": (None, None)})
+    assert await _limits(store) == {"mail": (5, None)}
+    assert await store.jobs.limited_kinds(["mail", "report", "other"]) == {"mail"}
+
+
+async def test_a_plain_claim_leaves_limited_kinds_alone(queue: Queue, store: Store) -> None:
+    await store.jobs.declare_limits({"limited": (1, None)})
+    await queue.enqueue_many([JobSpec("limited"), JobSpec("free"), JobSpec("limited")])
+    assert [job.kind for job in await store.jobs.claim(["default"], 10, "w", 30)] == ["free"]
+    assert [job.kind for job in await store.jobs.claim(["default", "other"], 10, "w", 30)] == []
+
+
+async def test_a_kind_limit_counts_running_jobs_and_frees_a_slot_with_the_outcome(
+    queue: Queue, store: Store
+) -> None:
+    await store.jobs.declare_limits({"k": (3, None)})
+    await queue.enqueue_many([JobSpec("k", {"i": i}) for i in range(10)])
+    first = await store.jobs.claim_limited(["default"], 10, "w", 30, ["k"], scan=100)
+    assert [job.payload["i"] for job in first] == [0, 1, 2]  # in claim order
+    assert await store.jobs.claim_limited(["default"], 10, "w2", 30, ["k"], scan=100) == []
+    assert await store.jobs.complete_succeeded([(first[0].id, first[0].attempt)], "w") == {first[0].id}
+    await store.jobs.finish([JobFinish(first[1].id, first[1].attempt, "failed", "E", "boom", None, 0.0, False)],
+                            "w", 3, 3)
+    again = await store.jobs.claim_limited(["default"], 10, "w2", 30, ["k"], scan=100)
+    # two slots free, taken in claim order (the failed job is due again now: behind 3 and 4)
+    assert [job.payload["i"] for job in again] == [3, 4]
+    assert await store.jobs.claim_limited(["default"], 10, "w2", 30, ["k"], scan=100) == []
+
+
+async def test_a_key_limit_counts_each_key_apart(queue: Queue, store: Store) -> None:
+    await store.jobs.declare_limits({"mail": (2, "customer")})
+    specs = [JobSpec("mail", {"customer": c, "i": i}) for i in range(5) for c in ("a", "b", "c")]
+    specs.append(JobSpec("mail", {"i": 99}))  # no key: one shared key of its own
+    await queue.enqueue_many(specs)
+    claimed = await store.jobs.claim_limited(["default"], 100, "w", 30, ["mail"], scan=1000)
+    assert Counter(job.payload.get("customer") for job in claimed) == {"a": 2, "b": 2, "c": 2, None: 1}
+    assert await store.jobs.claim_limited(["default"], 100, "w", 30, ["mail"], scan=1000) == []
+
+
+async def test_a_rescue_frees_the_slot(queue: Queue, store: Store) -> None:
+    await store.jobs.declare_limits({"k": (1, None)})
+    await queue.enqueue_many([JobSpec("k"), JobSpec("k")])
+    [held] = await store.jobs.claim_limited(["default"], 5, "dead-worker", 30, ["k"], scan=100)
+    async with store.connection() as connection:
+        await connection.execute("UPDATE agora.jobs SET lease_expires_at = now() - interval '1 second' WHERE id = $1",
+                                 held.id)
+    assert await store.jobs.claim_limited(["default"], 5, "w", 30, ["k"], scan=100) == []
+    assert await store.jobs.rescue_expired(5, 3, 100) == [held.id]
+    [next_job] = await store.jobs.claim_limited(["default"], 5, "w", 30, ["k"], scan=100)
+    assert next_job.status.value == "processing"
+
+
+async def test_concurrent_limited_claims_never_overshoot(queue: Queue, store: Store) -> None:
+    await store.jobs.declare_limits({"mail": (2, "customer")})
+    await queue.enqueue_many([JobSpec("mail", {"customer": f"c{i % 10}"}) for i in range(400)])
+    stores = [Store.open(store.database) for _ in range(6)]
+    peak: Counter[str] = Counter()
+    done = 0
+    try:
+        async def work(own: Store, worker: str) -> None:
+            nonlocal done
+            for _ in range(200):
+                jobs = await own.jobs.claim_limited(["default"], 7, worker, 30, ["mail"], scan=1000)
+                for key, n in (await _running_by_key(own, "customer")).items():
+                    peak[key] = max(peak[key], n)
+                if jobs:
+                    await asyncio.sleep(0.001)
+                    await own.jobs.complete_succeeded([(job.id, job.attempt) for job in jobs], worker)
+                    done += len(jobs)
+                elif done >= 400:
+                    return
+
+        await asyncio.wait_for(asyncio.gather(*(work(own, f"w{n}") for n, own in enumerate(stores))), 60)
+    finally:
+        for own in stores:
+            await own.close()
+    assert done == 400
+    assert set(peak) == {f"c{i}" for i in range(10)} and max(peak.values()) == 2
+
+
+async def test_metrics_and_the_dashboard_show_each_limit_and_why_jobs_wait(
+    queue: Queue, store: Store, settings: Settings
+) -> None:
+    await store.jobs.declare_limits({"mail": (2, "customer"), "report": (1, None)})
+    await queue.enqueue_many([JobSpec("mail", {"customer": c}) for c in ("a", "a", "a", "b")])
+    claimed = await store.jobs.claim_limited(["default"], 10, "w", 30, ["mail"], scan=100)
+    assert len(claimed) == 3  # a, a, b: the third of a waits
+    snapshot = await store.metrics()
+    by_kind = {limit.kind: limit for limit in snapshot.kind_limits}
+    assert (by_kind["mail"].concurrency, by_kind["mail"].limit_by) == (2, "customer")
+    assert (by_kind["mail"].running, by_kind["mail"].full_keys, by_kind["mail"].waiting) == (3, 1, 1)
+    assert (by_kind["report"].running, by_kind["report"].full_keys, by_kind["report"].waiting) == (0, 0, 0)
+    async with api_client(settings) as client:
+        text = (await client.get("/metrics")).text
+        overview = (await client.get("/ui/fragments/overview")).text
+    for line in ('agora_kind_limit{kind="mail"} 2.0', 'agora_kind_limit_running{kind="mail"} 3.0',
+                 'agora_kind_limit_full_keys{kind="mail"} 1.0', 'agora_kind_limit_waiting{kind="mail"} 1.0',
+                 'agora_kind_limit{kind="report"} 1.0'):
+        assert line in text, text
+    assert "Concurrency limits" in overview
+    assert "2 per customer" in overview and "1 customer value(s) at the limit" in overview
