@@ -15,10 +15,31 @@ from typing import Any
 STOPPABLE = ("ScheduledPipeline", "WorkerPool", "Worker")
 
 
+async def first_runs_ended(namespace: dict[str, Any], timeout: float) -> None:
+    """Until every ScheduledPipeline of the sample has a run that ended (or ``timeout``):
+    a loaded machine may need more than ``SAMPLE_STOP_AFTER`` for the first one."""
+    import asyncpg
+
+    ids = [value.pipeline_id for value in namespace.values() if type(value).__name__ == "ScheduledPipeline"]
+    url = os.environ.get("AGORA_PG_DATABASE_URL")
+    if not ids or not url:
+        return
+    connection = await asyncpg.connect(url)
+    try:
+        deadline = asyncio.get_running_loop().time() + timeout
+        while asyncio.get_running_loop().time() < deadline and await connection.fetchval(
+            "SELECT count(DISTINCT pipeline_id) FROM agora.runs WHERE pipeline_id = ANY($1::text[]) "
+            "AND finished_at IS NOT NULL", ids) < len(ids):
+            await asyncio.sleep(0.2)
+    finally:
+        await connection.close()
+
+
 async def run_until_stopped(coroutine: Any, namespace: dict[str, Any]) -> None:
     task = asyncio.ensure_future(coroutine)
     done, _ = await asyncio.wait([task], timeout=float(os.environ.get("SAMPLE_STOP_AFTER", "3")))
     if not done:
+        await first_runs_ended(namespace, 30.0)
         for value in list(namespace.values()):
             if type(value).__name__ in STOPPABLE:
                 value.stop()

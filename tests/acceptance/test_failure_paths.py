@@ -286,6 +286,11 @@ async def test_a_worker_keeps_draining_while_its_backends_are_killed(
     await queue.enqueue_many([JobSpec("ledger", {"seconds": 0.01}) for _ in range(600)])
     workers = [start_worker(processes, database_url, "--concurrency", "20", LEDGER_DIR=str(ledger_dir),
                             WORKER_LEASE_SECONDS="5") for _ in range(2)]
+
+    async def both_registered() -> bool:  # (a worker stopped before it handles SIGTERM would exit -15)
+        return bool(await scalar(database_url, "SELECT count(*) FROM agora.workers") == 2)
+
+    await eventually(both_registered, 60, "both workers registering")
     function = "pg_terminate_backend" if fault == "terminate" else "pg_cancel_backend"
     killer = await asyncpg.connect(database_url)
     deadline = time.monotonic() + 120

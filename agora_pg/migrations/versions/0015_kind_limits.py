@@ -11,16 +11,17 @@ that key, so no limit is overshot. A slot is free again when the job leaves
 jobs' own rows.
 
 ``agora.claim_limited_jobs`` is one statement for the client (one round trip) with two
-steps inside. The first reads the first ``scan`` due jobs of each of ``queues``, in
-claim order (whatever their kind, so that the read stays bounded however many jobs of
-other kinds wait), and keeps those of the limited ``kinds``, each with its key (its kind's ``limit_by`` field's value;
-'' for a kind limited as a whole or a payload without the field), counts each key's
-running jobs, keeps the jobs that fit each key's free slots (at most ``wanted``) and
-takes a transaction-scoped advisory lock on each of their keys, skipping keys another
-claim holds. The second runs with a snapshot taken after those locks were granted (a
-PL/pgSQL statement in READ COMMITTED takes its own), so it sees every claim of those
-keys that committed: it counts each key's running jobs again and claims, in claim
-order, the jobs that still fit. The lease is the claim's (see ``queries._JOB_LEASE``).
+steps inside. The first reads the first ``scan`` due jobs of each of ``queues`` in
+claim order, whatever their kind (so the read stays bounded however many jobs of other
+kinds wait), and keeps those of the limited ``kinds``, each with its key: its kind's
+``limit_by`` field's value, or '' for a kind limited as a whole or a payload without
+the field. It counts each key's running jobs, keeps the jobs that fit each key's free
+slots (at most ``wanted``) and takes a transaction-scoped advisory lock on each of
+their keys, skipping keys another claim holds. The second runs with a snapshot taken
+after those locks were granted (a PL/pgSQL statement in READ COMMITTED takes its own),
+so it sees every claim of those keys that committed: it counts each key's running
+jobs again and claims, in claim order, the jobs that still fit. The lease is the
+claim's (see ``queries._JOB_LEASE``).
 
 Revision ID: 0015
 Revises: 0014
