@@ -68,12 +68,15 @@ def render_metrics(snapshot: MetricsSnapshot, process: Collector | None = None) 
         name: Gauge(f"agora_kind_limit{suffix}", text, ["kind"], registry=registry)
         for name, suffix, text in (
             ("concurrency", "", "A limited kind's concurrency limit (per key, for a kind limited by a payload field)."),
+            ("rate", "_rate", "A rate-limited kind's starts allowed per window (per key, as the concurrency limit)."),
+            ("rate_seconds", "_rate_seconds", "The window of a rate-limited kind's limit, in seconds."),
             ("running", "_running", "Running jobs of a limited kind."),
-            ("full_keys", "_full_keys", "Keys of a limited kind at their limit: their due jobs wait for a slot."),
+            ("full_keys", "_full_keys", "Keys of a limited kind at a limit: their due jobs wait for a slot or a window."),
             ("waiting", "_waiting", "Due jobs of a limited kind not running yet."),
         )
     }
     for limit in snapshot.kind_limits:
         for name, gauge in limits.items():
-            gauge.labels(kind=limit.kind).set(getattr(limit, name))
+            if getattr(limit, name) is not None:  # (a limit not set has no sample)
+                gauge.labels(kind=limit.kind).set(getattr(limit, name))
     return generate_latest(registry)

@@ -85,3 +85,14 @@ class Promotion:
 
     promoted: int
     next_in_seconds: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class KindLimit:
+    """A kind's limits as a worker declares them (``agora.kind_limits``): at most
+    ``concurrency`` running and ``rate`` = (n, seconds) starts per window, per value of
+    the payload field ``limit_by`` (None: the kind as a whole). All None: no limit."""
+
+    concurrency: int | None = None
+    limit_by: str | None = None
+    rate: tuple[int, float] | None = None

@@ -12,7 +12,7 @@ import asyncpg.pool
 
 from agora_pg.db import queries
 from agora_pg.db.enqueue import CallerConnection, caller_fetch, insert_jobs
-from agora_pg.db.job_rows import JobFinish, Promotion, row_to_job
+from agora_pg.db.job_rows import JobFinish, KindLimit, Promotion, row_to_job
 from agora_pg.errors import (
     InvalidTransition,
     JobConflict,
@@ -118,12 +118,13 @@ class JobTable:
         jobs.sort(key=lambda job: (-job.priority, job.run_at, job.id))
         return jobs
 
-    async def declare_limits(self, limits: Mapping[str, tuple[int | None, str | None]]) -> None:
-        """Write the concurrency limits of these kinds (kind: (concurrency, limit_by));
-        a kind whose concurrency is None has its limit removed."""
+    async def declare_limits(self, limits: Mapping[str, KindLimit]) -> None:
+        """Write the limits of these kinds; a kind with no limit at all has its row removed."""
         kinds = sorted(limits)
+        rates = [limits[k].rate for k in kinds]
         await self._store.fetch(
-            queries.DECLARE_KIND_LIMITS, kinds, [limits[k][0] for k in kinds], [limits[k][1] for k in kinds]
+            queries.DECLARE_KIND_LIMITS, kinds, [limits[k].concurrency for k in kinds], [limits[k].limit_by for k in kinds],
+            [rate[0] if rate else None for rate in rates], [float(rate[1]) if rate else None for rate in rates],
         )
 
     async def limited_kinds(self, kinds: Sequence[str]) -> set[str]:

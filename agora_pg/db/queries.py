@@ -235,18 +235,23 @@ CLAIM_LIMITED_JOBS = f"""
 SELECT {JOB_COLUMNS} FROM agora.claim_limited_jobs($1::text[], $2::text[], $3, $4, $5, $6)
 """
 
-# Declare the limits of kinds a worker handles ($1 kinds, $2 concurrency (NULL: none),
-# $3 limit_by): a limit is written, a kind without one has its row deleted.
+# Declare the limits of kinds a worker handles ($1 kinds, $2 concurrency, $3 limit_by,
+# $4 rate, $5 rate_seconds; NULL: none): a limit is written, a kind with neither a
+# concurrency nor a rate limit has its row deleted.
 DECLARE_KIND_LIMITS = """
 WITH declared AS (
-    SELECT * FROM unnest($1::text[], $2::int[], $3::text[]) AS d(kind, concurrency, limit_by)
+    SELECT * FROM unnest($1::text[], $2::int[], $3::text[], $4::int[], $5::float8[])
+        AS d(kind, concurrency, limit_by, rate, rate_seconds)
 ), removed AS (
-    DELETE FROM agora.kind_limits AS l USING declared AS d WHERE l.kind = d.kind AND d.concurrency IS NULL
+    DELETE FROM agora.kind_limits AS l USING declared AS d
+    WHERE l.kind = d.kind AND d.concurrency IS NULL AND d.rate IS NULL
 )
-INSERT INTO agora.kind_limits AS l (kind, concurrency, limit_by)
-SELECT kind, concurrency, limit_by FROM declared WHERE concurrency IS NOT NULL
-ON CONFLICT (kind) DO UPDATE SET concurrency = EXCLUDED.concurrency, limit_by = EXCLUDED.limit_by, updated_at = now()
-    WHERE (l.concurrency, l.limit_by) IS DISTINCT FROM (EXCLUDED.concurrency, EXCLUDED.limit_by)
+INSERT INTO agora.kind_limits AS l (kind, concurrency, limit_by, rate, rate_seconds)
+SELECT kind, concurrency, limit_by, rate, rate_seconds FROM declared WHERE concurrency IS NOT NULL OR rate IS NOT NULL
+ON CONFLICT (kind) DO UPDATE SET concurrency = EXCLUDED.concurrency, limit_by = EXCLUDED.limit_by,
+    rate = EXCLUDED.rate, rate_seconds = EXCLUDED.rate_seconds, updated_at = now()
+    WHERE (l.concurrency, l.limit_by, l.rate, l.rate_seconds)
+        IS DISTINCT FROM (EXCLUDED.concurrency, EXCLUDED.limit_by, EXCLUDED.rate, EXCLUDED.rate_seconds)
 """
 
 # The limited kinds among $1 (text[]).
@@ -876,22 +881,16 @@ SELECT state, count(*) AS schedules,
 FROM agora.schedules GROUP BY state
 """
 
-# Each limited kind (agora.kind_limits): its limit, its running jobs, how many of its keys
-# are at their limit, and how many of its jobs are due and waiting (for /metrics and the
-# dashboard).
+# Each limited kind (agora.kind_limits): its limits, its running jobs, how many of its keys
+# are at a limit (no room to start one more: agora.limit_room), and how many of its jobs
+# are due and waiting (for /metrics and the dashboard).
 KIND_LIMITS_NOW = f"""
-SELECT l.kind, l.concurrency, l.limit_by,
-       COALESCE(sum(r.n), 0)::int AS running,
-       (count(*) FILTER (WHERE r.n >= l.concurrency))::int AS full_keys,
+SELECT l.kind, l.concurrency, l.limit_by, l.rate, l.rate_seconds,
+       (SELECT count(*) FROM agora.jobs AS j WHERE j.status = 'processing' AND j.kind = l.kind)::int AS running,
+       (SELECT count(*) FROM agora.limit_room(ARRAY[l.kind]) AS r WHERE r.room <= 0)::int AS full_keys,
        (SELECT count(*) FROM agora.jobs AS j
         WHERE j.kind = l.kind AND ({CLAIMABLE_NOW}) AND j.run_at <= now())::int AS waiting
 FROM agora.kind_limits AS l
-LEFT JOIN LATERAL (
-    SELECT count(*) AS n FROM agora.jobs AS j
-    WHERE j.status = 'processing' AND j.kind = l.kind
-    GROUP BY COALESCE(j.payload->>l.limit_by, '')
-) AS r ON true
-GROUP BY l.kind, l.concurrency, l.limit_by
 ORDER BY l.kind
 """
 

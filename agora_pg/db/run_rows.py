@@ -53,12 +53,14 @@ class MetricsSnapshot:
 
 @dataclasses.dataclass(frozen=True)
 class KindLimitNow:
-    """A limited kind now (``queries.KIND_LIMITS_NOW``): its limit (per key of ``limit_by``),
-    its running jobs, its keys at their limit and its due jobs waiting."""
+    """A limited kind now (``queries.KIND_LIMITS_NOW``): its limits (per key of ``limit_by``),
+    its running jobs, its keys at a limit and its due jobs waiting."""
 
     kind: str
-    concurrency: int
+    concurrency: int | None
     limit_by: str | None
+    rate: int | None
+    rate_seconds: float | None
     running: int
     full_keys: int
     waiting: int

@@ -205,10 +205,25 @@ kind_limits = Table(
     "kind_limits",
     metadata,
     Column("kind", Text, primary_key=True, comment="The job kind limited."),
-    Column("concurrency", Integer, nullable=False, comment="At most this many of the kind's jobs (or of each key's) run at once, across every worker."),
+    Column("concurrency", Integer, nullable=True, comment="At most this many of the kind's jobs (or of each key's) run at once, across every worker; NULL: no concurrency limit."),
     Column("limit_by", Text, nullable=True, comment="Payload field whose value is the key each limit counts apart; NULL: the kind as a whole."),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=text("now()"), comment="When a worker last declared the limit."),
+    Column("rate", Integer, nullable=True, comment="At most this many of the kind's jobs (or of each key's) start in any rate_seconds; NULL: no rate limit."),
+    Column("rate_seconds", Float, nullable=True, comment="The window of the rate limit, in seconds."),
     CheckConstraint("concurrency > 0", name="kind_limits_concurrency_positive"),
     CheckConstraint("limit_by IS NULL OR limit_by <> ''", name="kind_limits_limit_by_not_empty"),
-    comment="Concurrency limits of job kinds, declared by the workers that handle them.",
+    CheckConstraint("(rate IS NULL) = (rate_seconds IS NULL) AND (rate IS NULL OR (rate > 0 AND rate_seconds > 0))",
+                    name="kind_limits_rate_positive"),
+    CheckConstraint("concurrency IS NOT NULL OR rate IS NOT NULL", name="kind_limits_some_limit"),
+    comment="Concurrency and rate limits of job kinds, declared by the workers that handle them.",
 )
+
+kind_starts = Table(
+    "kind_starts",
+    metadata,
+    Column("kind", Text, nullable=False, comment="The rate-limited kind."),
+    Column("key", Text, nullable=False, comment="The key its limit counted (see kind_limits.limit_by)."),
+    Column("started_at", DateTime(timezone=True), nullable=False, comment="When the claim started the job."),
+    comment="Starts of rate-limited kinds' jobs within their window (older ones are deleted by the claims).",
+)
+Index("kind_starts_key_idx", kind_starts.c.kind, kind_starts.c.key, kind_starts.c.started_at)

@@ -35,7 +35,9 @@ class KindOptions:
     ``payload``: a dataclass or ``msgspec.Struct`` the payload must decode into; the
     handler's ``job.payload`` is then an instance of it. ``concurrency``: at most this many
     of the kind's jobs run at once across every worker, or of each key's with
-    ``limit_by``, the payload field whose value is the key (jobs without it share one)."""
+    ``limit_by``, the payload field whose value is the key (jobs without it share one).
+    ``rate``: ``(n, seconds)``, at most n of the kind's jobs (or of each key's) start in
+    any ``seconds``, by the database's clock."""
 
     timeout: float | None = None
     non_retryable: tuple[type[BaseException], ...] = ()
@@ -45,6 +47,7 @@ class KindOptions:
     payload: type | None = None
     concurrency: int | None = None
     limit_by: str | None = None
+    rate: tuple[int, float] | None = None
 
     def __post_init__(self) -> None:
         if self.timeout is not None and not (isinstance(self.timeout, int | float) and self.timeout > 0):
@@ -69,8 +72,14 @@ class KindOptions:
         if self.limit_by is not None:
             if not isinstance(self.limit_by, str) or not self.limit_by.strip():
                 raise ValueError(f"limit_by must be the name of a payload field, got {self.limit_by!r}")
-            if self.concurrency is None:
-                raise ValueError(f"limit_by={self.limit_by!r} needs a concurrency limit to count by it")
+            if self.concurrency is None and self.rate is None:
+                raise ValueError(f"limit_by={self.limit_by!r} needs a concurrency or rate limit to count by it")
+        if self.rate is not None:
+            rate = self.rate
+            if not (isinstance(rate, tuple) and len(rate) == 2 and isinstance(rate[0], int)
+                    and not isinstance(rate[0], bool) and rate[0] >= 1 and isinstance(rate[1], int | float)
+                    and not isinstance(rate[1], bool) and rate[1] > 0):
+                raise ValueError(f"rate must be (starts >= 1, seconds > 0), such as (100, 60), got {rate!r}")
 
     def apply(self, spec: JobSpec) -> JobSpec:
         """``spec`` as this kind enqueues it: its payload checked against ``payload`` (as
@@ -125,13 +134,14 @@ class Handlers(Mapping[str, Handler]):
         self, name: str, *, timeout: float | None = None, non_retryable: tuple[type[BaseException], ...] = (),
         max_retries: int | None = None, retry_backoff: float | None = None, queue: str | None = None,
         payload: type | None = None, concurrency: int | None = None, limit_by: str | None = None,
+        rate: tuple[int, float] | None = None,
     ) -> Callable[[Handler], Handler]:
         """Register the decorated function as the handler of ``name`` (options: ``KindOptions``)."""
 
         def register(handler: Handler) -> Handler:
             self.add(name, handler, timeout=timeout, non_retryable=non_retryable, max_retries=max_retries,
                      retry_backoff=retry_backoff, queue=queue, payload=payload, concurrency=concurrency,
-                     limit_by=limit_by)
+                     limit_by=limit_by, rate=rate)
             return handler
 
         return register
@@ -140,7 +150,7 @@ class Handlers(Mapping[str, Handler]):
         self, name: str, handler: Handler, *, timeout: float | None = None,
         non_retryable: tuple[type[BaseException], ...] = (), max_retries: int | None = None,
         retry_backoff: float | None = None, queue: str | None = None, payload: type | None = None,
-        concurrency: int | None = None, limit_by: str | None = None,
+        concurrency: int | None = None, limit_by: str | None = None, rate: tuple[int, float] | None = None,
     ) -> None:
         """Register ``handler`` for ``name`` (as ``kind`` does, without decorating)."""
         if not isinstance(name, str) or not name.strip():
@@ -150,7 +160,7 @@ class Handlers(Mapping[str, Handler]):
         if name in self._handlers:
             raise ValueError(f"kind {name!r} is registered twice")
         options = KindOptions(timeout, tuple(non_retryable), max_retries, retry_backoff, queue, payload,
-                              concurrency, limit_by)
+                              concurrency, limit_by, rate)
         self._handlers[name] = handler
         self._options[name] = options
 

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from agora_pg.db import queries
 from agora_pg.db.connect import resolve_database
+from agora_pg.db.job_rows import KindLimit
 from agora_pg.db.store import NOTIFY_CHANNEL, Store
 from agora_pg.errors import DatabaseUnavailable
 from agora_pg.jobs import Job
@@ -201,7 +202,8 @@ class _WorkerRun:
             log.info("worker %s stopped before it registered", worker.id)
             return
         if worker.claim_kinds is None and worker.kind_options:
-            limits = {kind: (options.concurrency, options.limit_by) for kind, options in worker.kind_options.items()}
+            limits = {kind: KindLimit(options.concurrency, options.limit_by, options.rate)
+                      for kind, options in worker.kind_options.items()}
             try:
                 await retry_database(lambda: self.store.jobs.declare_limits(limits),
                                      what="declaring the kinds' limits", stop=worker._stopping)

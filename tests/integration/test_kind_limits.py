@@ -6,7 +6,7 @@ from collections import Counter
 import pytest
 
 from agora_pg import JobSpec, Queue
-from agora_pg.db.job_rows import JobFinish
+from agora_pg.db.job_rows import JobFinish, KindLimit
 from agora_pg.db.store import Store
 from agora_pg.settings import Settings
 from agora_pg.worker.handlers import Handlers, KindOptions
@@ -34,7 +34,7 @@ def test_kind_options_check_the_limits() -> None:
             KindOptions(concurrency=bad)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="limit_by must be the name of a payload field"):
         KindOptions(concurrency=2, limit_by=" ")
-    with pytest.raises(ValueError, match="needs a concurrency limit"):
+    with pytest.raises(ValueError, match="needs a concurrency or rate limit"):
         KindOptions(limit_by="customer_id")
     handlers = Handlers()
 
@@ -45,15 +45,50 @@ def test_kind_options_check_the_limits() -> None:
 
 
 async def test_declared_limits_are_written_changed_and_removed(store: Store) -> None:
-    await store.jobs.declare_limits({"mail": (3, "customer_id"), "report": (1, None), "plain": (None, None)})
+    await store.jobs.declare_limits(
+        {"mail": KindLimit(3, "customer_id"), "report": KindLimit(1, None), "plain": KindLimit(None, None)})
     assert await _limits(store) == {"mail": (3, "customer_id"), "report": (1, None)}
-    await store.jobs.declare_limits({"mail": (5, None), "report": (None, None)})
+    await store.jobs.declare_limits({"mail": KindLimit(5, None), "report": KindLimit(None, None)})
     assert await _limits(store) == {"mail": (5, None)}
     assert await store.jobs.limited_kinds(["mail", "report", "other"]) == {"mail"}
 
 
+async def test_a_rate_limit_counts_starts_in_its_window_per_key(queue: Queue, store: Store) -> None:
+    await store.jobs.declare_limits({"mail": KindLimit(None, "customer", (3, 60.0))})
+    await queue.enqueue_many([JobSpec("mail", {"customer": c}) for c in "aaaaab"])
+    first = await store.jobs.claim_limited(["default"], 100, "w", 30, ["mail"], scan=100)
+    assert Counter(job.payload["customer"] for job in first) == {"a": 3, "b": 1}
+    await store.jobs.complete_succeeded([(job.id, job.attempt) for job in first], "w")
+    assert await store.jobs.claim_limited(["default"], 100, "w", 30, ["mail"], scan=100) == []  # no room left
+    async with store.connection() as connection:
+        waiting = await connection.fetch("SELECT attempt, retry_count FROM agora.jobs WHERE status = 'pending'")
+        assert [tuple(row) for row in waiting] == [(0, 0), (0, 0)]  # held back, charged nothing
+        await connection.execute("UPDATE agora.kind_starts SET started_at = started_at - interval '61 seconds'")
+    again = await store.jobs.claim_limited(["default"], 100, "w", 30, ["mail"], scan=100)
+    assert Counter(job.payload["customer"] for job in again) == {"a": 2}
+    async with store.connection() as connection:  # the starts out of the window are gone
+        assert await connection.fetchval("SELECT count(*) FROM agora.kind_starts") == 2
+
+
+async def test_concurrency_and_rate_limits_both_hold(queue: Queue, store: Store) -> None:
+    await store.jobs.declare_limits({"k": KindLimit(1, None, (2, 60.0))})
+    await queue.enqueue_many([JobSpec("k") for _ in range(5)])
+    [one] = await store.jobs.claim_limited(["default"], 10, "w", 30, ["k"], scan=100)
+    await store.jobs.complete_succeeded([(one.id, one.attempt)], "w")
+    [two] = await store.jobs.claim_limited(["default"], 10, "w", 30, ["k"], scan=100)
+    await store.jobs.complete_succeeded([(two.id, two.attempt)], "w")
+    assert await store.jobs.claim_limited(["default"], 10, "w", 30, ["k"], scan=100) == []  # 2 a minute
+
+
+def test_a_rate_must_be_starts_and_seconds() -> None:
+    assert KindOptions(rate=(100, 60)).rate == (100, 60)
+    for bad in ((0, 60), (1, 0), (1.5, 60), "100/minute", (1, 2, 3), (True, 60)):
+        with pytest.raises(ValueError, match="rate must be"):
+            KindOptions(rate=bad)  # type: ignore[arg-type]
+
+
 async def test_a_plain_claim_leaves_limited_kinds_alone(queue: Queue, store: Store) -> None:
-    await store.jobs.declare_limits({"limited": (1, None)})
+    await store.jobs.declare_limits({"limited": KindLimit(1, None)})
     await queue.enqueue_many([JobSpec("limited"), JobSpec("free"), JobSpec("limited")])
     assert [job.kind for job in await store.jobs.claim(["default"], 10, "w", 30)] == ["free"]
     assert [job.kind for job in await store.jobs.claim(["default", "other"], 10, "w", 30)] == []
@@ -62,7 +97,7 @@ async def test_a_plain_claim_leaves_limited_kinds_alone(queue: Queue, store: Sto
 async def test_a_kind_limit_counts_running_jobs_and_frees_a_slot_with_the_outcome(
     queue: Queue, store: Store
 ) -> None:
-    await store.jobs.declare_limits({"k": (3, None)})
+    await store.jobs.declare_limits({"k": KindLimit(3, None)})
     await queue.enqueue_many([JobSpec("k", {"i": i}) for i in range(10)])
     first = await store.jobs.claim_limited(["default"], 10, "w", 30, ["k"], scan=100)
     assert [job.payload["i"] for job in first] == [0, 1, 2]  # in claim order
@@ -77,7 +112,7 @@ async def test_a_kind_limit_counts_running_jobs_and_frees_a_slot_with_the_outcom
 
 
 async def test_a_key_limit_counts_each_key_apart(queue: Queue, store: Store) -> None:
-    await store.jobs.declare_limits({"mail": (2, "customer")})
+    await store.jobs.declare_limits({"mail": KindLimit(2, "customer")})
     specs = [JobSpec("mail", {"customer": c, "i": i}) for i in range(5) for c in ("a", "b", "c")]
     specs.append(JobSpec("mail", {"i": 99}))  # no key: one shared key of its own
     await queue.enqueue_many(specs)
@@ -87,7 +122,7 @@ async def test_a_key_limit_counts_each_key_apart(queue: Queue, store: Store) -> 
 
 
 async def test_a_rescue_frees_the_slot(queue: Queue, store: Store) -> None:
-    await store.jobs.declare_limits({"k": (1, None)})
+    await store.jobs.declare_limits({"k": KindLimit(1, None)})
     await queue.enqueue_many([JobSpec("k"), JobSpec("k")])
     [held] = await store.jobs.claim_limited(["default"], 5, "dead-worker", 30, ["k"], scan=100)
     async with store.connection() as connection:
@@ -100,7 +135,7 @@ async def test_a_rescue_frees_the_slot(queue: Queue, store: Store) -> None:
 
 
 async def test_concurrent_limited_claims_never_overshoot(queue: Queue, store: Store) -> None:
-    await store.jobs.declare_limits({"mail": (2, "customer")})
+    await store.jobs.declare_limits({"mail": KindLimit(2, "customer")})
     await queue.enqueue_many([JobSpec("mail", {"customer": f"c{i % 10}"}) for i in range(400)])
     stores = [Store.open(store.database) for _ in range(6)]
     peak: Counter[str] = Counter()
@@ -130,7 +165,7 @@ async def test_concurrent_limited_claims_never_overshoot(queue: Queue, store: St
 async def test_metrics_and_the_dashboard_show_each_limit_and_why_jobs_wait(
     queue: Queue, store: Store, settings: Settings
 ) -> None:
-    await store.jobs.declare_limits({"mail": (2, "customer"), "report": (1, None)})
+    await store.jobs.declare_limits({"mail": KindLimit(2, "customer"), "report": KindLimit(1, None)})
     await queue.enqueue_many([JobSpec("mail", {"customer": c}) for c in ("a", "a", "a", "b")])
     claimed = await store.jobs.claim_limited(["default"], 10, "w", 30, ["mail"], scan=100)
     assert len(claimed) == 3  # a, a, b: the third of a waits
@@ -147,4 +182,4 @@ async def test_metrics_and_the_dashboard_show_each_limit_and_why_jobs_wait(
                  'agora_kind_limit{kind="report"} 1.0'):
         assert line in text, text
     assert "Concurrency limits" in overview
-    assert "2 per customer" in overview and "1 customer value(s) at the limit" in overview
+    assert "2 at once per customer" in overview and "1 customer value(s) at a limit" in overview
