@@ -127,9 +127,16 @@ class JobTable:
             [rate[0] if rate else None for rate in rates], [float(rate[1]) if rate else None for rate in rates],
         )
 
-    async def limited_kinds(self, kinds: Sequence[str]) -> set[str]:
-        """Those of ``kinds`` that have a concurrency limit, as any worker declared it."""
-        return {row["kind"] for row in await self._store.fetch(queries.LIMITED_KINDS, list(kinds))}
+    async def next_rate_room(self, kinds: Sequence[str]) -> float | None:
+        """Seconds until a start counted by the rate limits of ``kinds`` leaves its window
+        (None: none is counted)."""
+        rows = await self._store.fetch(queries.NEXT_RATE_ROOM, list(kinds))
+        return cast("float | None", rows[0][0])
+
+    async def limited_kinds(self, kinds: Sequence[str]) -> dict[str, bool]:
+        """Those of ``kinds`` that have a limit, as any worker declared it: kind -> whether
+        one of its limits is a rate limit."""
+        return {row["kind"]: row["rated"] for row in await self._store.fetch(queries.LIMITED_KINDS, list(kinds))}
 
     async def complete_succeeded(
         self, attempts: Sequence[tuple[int, int]], worker_id: str, results: Mapping[int, str] | None = None

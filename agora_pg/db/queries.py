@@ -254,8 +254,16 @@ ON CONFLICT (kind) DO UPDATE SET concurrency = EXCLUDED.concurrency, limit_by = 
         IS DISTINCT FROM (EXCLUDED.concurrency, EXCLUDED.limit_by, EXCLUDED.rate, EXCLUDED.rate_seconds)
 """
 
-# The limited kinds among $1 (text[]).
-LIMITED_KINDS = "SELECT kind FROM agora.kind_limits WHERE kind = ANY($1::text[])"
+# Seconds until the earliest start counted by the rate limits of kinds $1 (text[]) leaves
+# its window, when some key may start a job again (NULL: no start is counted).
+NEXT_RATE_ROOM = """
+SELECT min(extract(epoch FROM s.started_at + make_interval(secs => l.rate_seconds) - now()))::float8
+FROM agora.kind_starts AS s JOIN agora.kind_limits AS l ON l.kind = s.kind
+WHERE s.kind = ANY($1::text[]) AND s.started_at > now() - make_interval(secs => l.rate_seconds)
+"""
+
+# The limited kinds among $1 (text[]), and whether each has a rate limit.
+LIMITED_KINDS = "SELECT kind, rate IS NOT NULL AS rated FROM agora.kind_limits WHERE kind = ANY($1::text[])"
 
 # Promote up to $1 delayed jobs whose run_at has passed into the claim index, waking the
 # workers of their queues. Returns how many, and the seconds until the next delayed job

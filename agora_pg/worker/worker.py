@@ -47,11 +47,12 @@ T = TypeVar("T")
 TIMEOUT_SWEEP_SECONDS = 0.1  # how often running attempts are checked against their deadline
 ABORT_STEP_SECONDS = 1.0  # after a second signal, unrecorded outcomes get this long, then are left
 PIPELINED_ABOVE = 100  # concurrency above which a claim takes at most half the slots
-LIMITS_REFRESH_SECONDS = 5.0  # how often a worker reads which of its kinds have a concurrency limit
+LIMITS_REFRESH_SECONDS = 5.0  # how often a worker reads which of its kinds have a limit
 # A limited claim looks at the first max(LIMITED_SCAN, LIMITED_SCAN_PER_SLOT x slots asked)
 # due jobs of each queue, of any kind, for jobs of its limited kinds that fit their limits.
 LIMITED_SCAN = 100
 LIMITED_SCAN_PER_SLOT = 4
+RATE_ROOM_MARGIN = 0.002  # wake this long after a rate limit's window has room
 PROMOTE_BATCH = 1000  # delayed jobs promoted per statement
 PROMOTE_MIN_INTERVAL = 0.1  # seconds between a worker's promotions while delayed jobs keep falling due
 PROMOTE_MARGIN = 0.002  # wake this long after the next delayed job falls due
@@ -188,8 +189,10 @@ class _WorkerRun:
         self.unknown_seen = False  # the lease supervisor saw jobs held unknowingly: look once
         self.delayed_inserted = asyncio.Event()  # new delayed jobs: the promoter looks again
         self.claim_batch = claim_batch(settings.concurrency)
-        self.limited_kinds: tuple[str, ...] = ()  # of known_kinds, those with a concurrency limit
+        self.limited_kinds: tuple[str, ...] = ()  # of known_kinds, those with a limit
+        self.rated_kinds: tuple[str, ...] = ()  # of those, the ones with a rate limit
         self.limits_read_at = -LIMITS_REFRESH_SECONDS
+        self.rate_wake: asyncio.TimerHandle | None = None  # wakes the claim loop when a rate window has room
 
     async def serve(self) -> None:
         worker, settings = self.worker, self.settings
@@ -289,12 +292,16 @@ class _WorkerRun:
         jobs: list[Job] = []
         if worker.claim_kinds is None:
             if time.monotonic() - self.limits_read_at >= LIMITS_REFRESH_SECONDS:
-                self.limited_kinds = tuple(sorted(await self.store.jobs.limited_kinds(self.known_kinds)))
+                limited = await self.store.jobs.limited_kinds(self.known_kinds)
+                self.limited_kinds = tuple(sorted(limited))
+                self.rated_kinds = tuple(sorted(kind for kind, rated in limited.items() if rated))
                 self.limits_read_at = time.monotonic()
             if self.limited_kinds:
                 jobs = await self._unless_stopping(self.store.jobs.claim_limited(
                     settings.queues, limit, worker.id, settings.lease_seconds, self.limited_kinds,
                     scan=max(LIMITED_SCAN, LIMITED_SCAN_PER_SLOT * limit)))
+                if len(jobs) < limit and self.rated_kinds:
+                    await self._wake_at_rate_room()
         if len(jobs) < limit:
             try:
                 jobs += await self._unless_stopping(
@@ -308,6 +315,17 @@ class _WorkerRun:
                     raise
                 log.warning("claiming jobs: %s; running the %d claimed within their limits", error, len(jobs))
         return jobs
+
+    async def _wake_at_rate_room(self) -> None:
+        """Look again when a rate limit's window next has room, if that is before the next poll
+        (a job held back by a rate limit starts when its window opens, not a poll later)."""
+        room_in = await self.store.jobs.next_rate_room(self.rated_kinds)
+        if self.rate_wake is not None:
+            self.rate_wake.cancel()
+            self.rate_wake = None
+        if room_in is not None and room_in < self.settings.poll_seconds:
+            self.rate_wake = asyncio.get_running_loop().call_later(
+                max(room_in, 0.0) + RATE_ROOM_MARGIN, self.worker._wakeup.set)
 
     async def _unless_stopping(self, call: Coroutine[Any, Any, T]) -> T:
         """Await ``call`` unless the worker stops first (a claim then counts as unsure)."""

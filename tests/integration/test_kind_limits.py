@@ -5,12 +5,13 @@ from collections import Counter
 
 import pytest
 
-from agora_pg import JobSpec, Queue
+from agora_pg import JobSpec, Queue, Worker
 from agora_pg.db.job_rows import JobFinish, KindLimit
 from agora_pg.db.store import Store
 from agora_pg.settings import Settings
 from agora_pg.worker.handlers import Handlers, KindOptions
 
+from .helpers import running, wait_until
 from .test_api import api_client
 
 
@@ -50,7 +51,10 @@ async def test_declared_limits_are_written_changed_and_removed(store: Store) -> 
     assert await _limits(store) == {"mail": (3, "customer_id"), "report": (1, None)}
     await store.jobs.declare_limits({"mail": KindLimit(5, None), "report": KindLimit(None, None)})
     assert await _limits(store) == {"mail": (5, None)}
-    assert await store.jobs.limited_kinds(["mail", "report", "other"]) == {"mail"}
+    assert await store.jobs.limited_kinds(["mail", "report", "other"]) == {"mail": False}
+    await store.jobs.declare_limits({"report": KindLimit(None, None, (10, 60.0))})
+    assert await store.jobs.limited_kinds(["mail", "report"]) == {"mail": False, "report": True}
+    assert await store.jobs.next_rate_room(["report"]) is None  # nothing started yet
 
 
 async def test_a_rate_limit_counts_starts_in_its_window_per_key(queue: Queue, store: Store) -> None:
@@ -183,3 +187,24 @@ async def test_metrics_and_the_dashboard_show_each_limit_and_why_jobs_wait(
         assert line in text, text
     assert "Concurrency limits" in overview
     assert "2 at once per customer" in overview and "1 customer value(s) at a limit" in overview
+
+
+async def test_a_job_held_back_by_a_rate_limit_starts_when_its_window_opens(
+    queue: Queue, store: Store, settings: Settings
+) -> None:
+    handlers = Handlers()
+    started: list[float] = []
+
+    @handlers.kind("tick", rate=(1, 1.0))
+    async def tick(job: object, resources: object) -> None:
+        started.append(asyncio.get_running_loop().time())
+
+    await queue.enqueue_many([JobSpec("tick") for _ in range(3)])
+    # a poll far away: only the wake at the window's opening can start the next job in time
+    async with running(Worker(handlers, settings=settings.replace(poll_seconds=30))):
+        async def three_started() -> bool:
+            return len(started) == 3
+
+        await wait_until(three_started, timeout=10)
+    gaps = [later - earlier for earlier, later in zip(started, started[1:], strict=False)]
+    assert all(0.9 < gap < 2.0 for gap in gaps), gaps
