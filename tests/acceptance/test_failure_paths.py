@@ -283,7 +283,6 @@ def _assert_never_two_at_once(intervals: list[tuple[float, float | None]]) -> No
 async def test_a_worker_keeps_draining_while_its_backends_are_killed(
     queue: Queue, database_url: str, processes: Processes, ledger_dir: Path, fault: str
 ) -> None:
-    await queue.enqueue_many([JobSpec("ledger", {"seconds": 0.01}) for _ in range(600)])
     workers = [start_worker(processes, database_url, "--concurrency", "20", LEDGER_DIR=str(ledger_dir),
                             WORKER_LEASE_SECONDS="5") for _ in range(2)]
 
@@ -291,6 +290,8 @@ async def test_a_worker_keeps_draining_while_its_backends_are_killed(
         return bool(await scalar(database_url, "SELECT count(*) FROM agora.workers") == 2)
 
     await eventually(both_registered, 60, "both workers registering")
+    # the jobs come once both run, and last long enough (600 x 0.05 s over 40 slots) for strikes to land
+    await queue.enqueue_many([JobSpec("ledger", {"seconds": 0.05}) for _ in range(600)])
     function = "pg_terminate_backend" if fault == "terminate" else "pg_cancel_backend"
     killer = await asyncpg.connect(database_url)
     deadline = time.monotonic() + 120
@@ -303,7 +304,7 @@ async def test_a_worker_keeps_draining_while_its_backends_are_killed(
                 f"SELECT count({function}(pid)) FROM pg_stat_activity "
                 "WHERE datname = current_database() AND pid <> pg_backend_pid()"
             )
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(0.3)
     finally:
         await killer.close()
     assert strikes > 0
