@@ -100,9 +100,7 @@ class JobTable:
             rows = await self._store.fetch(
                 queries.CLAIM_JOBS_FROM_QUEUES, list(queues), limit, worker_id, float(lease_seconds)
             )
-        jobs = [row_to_job(row) for row in rows]
-        jobs.sort(key=lambda job: (-job.priority, job.run_at, job.id))
-        return jobs
+        return _in_claim_order(rows)
 
     async def claim_limited(
         self, queues: Sequence[str], limit: int, worker_id: str, lease_seconds: float, kinds: Sequence[str],
@@ -114,9 +112,7 @@ class JobTable:
         rows = await self._store.fetch(
             queries.CLAIM_LIMITED_JOBS, list(queues), list(kinds), scan, limit, worker_id, float(lease_seconds)
         )
-        jobs = [row_to_job(row) for row in rows]
-        jobs.sort(key=lambda job: (-job.priority, job.run_at, job.id))
-        return jobs
+        return _in_claim_order(rows)
 
     async def declare_limits(self, limits: Mapping[str, KindLimit]) -> None:
         """Write the limits of these kinds; a kind with no limit at all has its row removed."""
@@ -215,6 +211,12 @@ class JobTable:
             result = fields.pop("result")
             finished.append((row_to_job(fields), None if result is None else json.loads(result)))
         return finished
+
+
+def _in_claim_order(rows: Sequence[asyncpg.Record]) -> list[Job]:
+    """Claimed rows as jobs, highest priority first, then by run_at and id (an UPDATE
+    returns its rows in no particular order)."""
+    return sorted((row_to_job(row) for row in rows), key=lambda job: (-job.priority, job.run_at, job.id))
 
 
 def require_possible_job_id(job_id: int) -> None:

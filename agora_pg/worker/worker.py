@@ -196,23 +196,19 @@ class _WorkerRun:
 
     async def serve(self) -> None:
         worker, settings = self.worker, self.settings
+        limits = ({kind: KindLimit(options.concurrency, options.limit_by, options.rate)
+                   for kind, options in worker.kind_options.items()} if worker.claim_kinds is None else {})
+
+        async def register() -> None:  # (both statements are idempotent: a retry runs both again)
+            await self.store.workers.register(worker.id, socket.gethostname(), os.getpid(), settings.queues)
+            if limits:
+                await self.store.jobs.declare_limits(limits)
+
         try:
-            await retry_database(
-                lambda: self.store.workers.register(worker.id, socket.gethostname(), os.getpid(), settings.queues),
-                what="registering the worker", stop=worker._stopping,
-            )
+            await retry_database(register, what="registering the worker", stop=worker._stopping)
         except Stopped:  # stopped before it started: nothing was claimed, nothing to wait for
             log.info("worker %s stopped before it registered", worker.id)
             return
-        if worker.claim_kinds is None and worker.kind_options:
-            limits = {kind: KindLimit(options.concurrency, options.limit_by, options.rate)
-                      for kind, options in worker.kind_options.items()}
-            try:
-                await retry_database(lambda: self.store.jobs.declare_limits(limits),
-                                     what="declaring the kinds' limits", stop=worker._stopping)
-            except Stopped:
-                log.info("worker %s stopped before it started", worker.id)
-                return
         log.info(
             "worker %s started: queues=%s concurrency=%d notifications=%s",
             worker.id, ",".join(settings.queues), settings.concurrency,
