@@ -10,23 +10,17 @@ import os
 import sys
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
-from agora_pg.commands import operator, serve
-from agora_pg.commands import pipelines as pipeline_commands
-from agora_pg.config import WorkerConfig
-from agora_pg.db import migrate as migrations
-from agora_pg.db.connect import resolve_database
-from agora_pg.db.store import Store
 from agora_pg.errors import AgoraError, ConfigError, InvalidArgument, InvalidJob
-from agora_pg.families.scaffold import new_family
-from agora_pg.loading import load_worker
-from agora_pg.runner.assembly import build_worker_pool, read_config
-from agora_pg.runner import WorkerPool
 from agora_pg.logs import FORMATS, LEVELS, configure_logging
-from agora_pg.runtime.process import tune_garbage_collector, warn_unknown_settings
-from agora_pg.worker import Worker
 from agora_pg.settings import load_settings, parse_queues
+
+# Each command imports what it runs when it runs (a worker process loads neither the
+# API's server nor Alembic; an operator command not the worker): starting a process
+# is most of what a short command costs, and CI starts hundreds.
+if TYPE_CHECKING:
+    from agora_pg.config import WorkerConfig
 
 log = logging.getLogger("agora_pg")
 
@@ -173,6 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
 async def run_operator(args: argparse.Namespace) -> None:
     """``agora-pg jobs ...``, ``agora-pg schedules ...``, ``agora-pg runs list`` and
     ``agora-pg prune``: print a table or a line."""
+    from agora_pg.commands import operator
+
     if args.command == "prune":
         text = await operator.prune(args.older_than, args.keep_failed, args.batch_size)
     elif args.command == "schedules":
@@ -195,6 +191,10 @@ async def run_operator(args: argparse.Namespace) -> None:
 async def run_migrate(*, implicit: bool = False) -> None:
     """Apply the migrations and say what was applied (before another command on the
     embedded server, ``implicit``: quiet unless something was)."""
+    from agora_pg.db import migrate as migrations
+    from agora_pg.db.connect import resolve_database
+    from agora_pg.db.store import Store
+
     settings = load_settings(os.environ)
     async with resolve_database(settings) as database:
         store = Store.open(database, pool_size=1)
@@ -216,6 +216,12 @@ async def run_migrate(*, implicit: bool = False) -> None:
 
 async def run_worker(module: str | None, config: WorkerConfig | None, queues: str | None, concurrency: int | None,
                      health_port: int | None, health_host: str | None = None) -> None:
+    from agora_pg.loading import load_worker
+    from agora_pg.runner import WorkerPool
+    from agora_pg.runner.assembly import build_worker_pool
+    from agora_pg.runtime.process import tune_garbage_collector
+    from agora_pg.worker import Worker
+
     if module is not None and config is not None:
         raise ConfigError("--config", "give --module or --config, not both")
     loaded = build_worker_pool(config) if config is not None else load_worker(module or "worker", Path.cwd())
@@ -244,6 +250,8 @@ async def run_worker(module: str | None, config: WorkerConfig | None, queues: st
 
 
 async def run_dlq(args: argparse.Namespace, config: WorkerConfig | None) -> None:
+    from agora_pg.commands import pipelines as pipeline_commands
+
     if args.action == "list":
         print(await pipeline_commands.list_dead_letters(args.pipeline, args.all, args.limit))
     else:
@@ -253,6 +261,8 @@ async def run_dlq(args: argparse.Namespace, config: WorkerConfig | None) -> None
 
 def new_family_text(name: str, project: Path) -> str:
     """``agora-pg family new``: write the family, then say what was written and what next."""
+    from agora_pg.families.scaffold import new_family
+
     written = new_family(name, project)
     files = "\n".join(f"  {path.relative_to(project)}" for path in written)
     return (f"wrote family {name}:\n{files}\n"
@@ -289,11 +299,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     configure_logging(level, log_format)
     args.log_level = level
+    from agora_pg.runtime.process import warn_unknown_settings
+
     warn_unknown_settings()
     try:
-        # Read and check a config first: a wrong one fails before anything starts.
-        config = read_config(args.config) if getattr(args, "config", None) else None
+        config = None
+        if getattr(args, "config", None):  # read and checked first: a wrong one fails before anything starts
+            from agora_pg.runner.assembly import read_config
+
+            config = read_config(args.config)
         if args.command in ("api", "dev"):  # a busy port is said before a server starts
+            from agora_pg.commands import serve
+
             serve.check_port_free("--port", args.host, args.port)
         if args.command in SCHEMA_COMMANDS and load_settings(os.environ).database_url is None:
             asyncio.run(run_migrate(implicit=True))
@@ -303,6 +320,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             run_event_loop(run_worker(args.module, config, args.queues, args.concurrency, args.health_port,
                                         args.health_host))
         elif args.command == "run":
+            from agora_pg.commands import pipelines as pipeline_commands
+
             assert config is not None  # --config is required
             asyncio.run(pipeline_commands.run_once(config, args.pipeline))
         elif args.command == "dlq":

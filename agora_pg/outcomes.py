@@ -20,6 +20,7 @@ from typing import Any
 
 from agora_pg.errors import Fail, PipelineInterrupted, Retry
 from agora_pg.job_spec import holds_nul
+from agora_pg.payloads import to_json_object
 
 MAX_ERROR_MESSAGE = 4000  # characters of "Type: text" kept in error_message
 MAX_TRACEBACK = 16000  # characters of a traceback kept in agora.runs.traceback
@@ -72,13 +73,14 @@ SUCCEEDED = Outcome(OutcomeKind.SUCCEEDED)
 
 def succeeded_with(value: Any) -> tuple[Outcome, str | None]:
     """The outcome of a handler that returned ``value``, which is stored as the attempt's
-    result (JSON). A value JSON cannot hold, or PostgreSQL's jsonb cannot (a NUL
-    character), is not stored: the attempt still succeeded (its work is done), and the
-    problem comes back for the log."""
+    result (JSON). Dataclasses and ``msgspec.Struct`` values are stored as objects, and
+    datetimes, UUIDs and decimals as text (``payloads.to_json_object``). A value JSON
+    cannot hold, or PostgreSQL's jsonb cannot (a NUL character), is not stored: the
+    attempt still succeeded (its work is done), and the problem comes back for the log."""
     if value is None:
         return SUCCEEDED, None
     try:
-        text = json.dumps(value, allow_nan=False, separators=(",", ":"))
+        text = json.dumps(to_json_object(value), allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError) as error:
         return SUCCEEDED, f"the handler's result ({type(value).__name__}) is not stored: {error}"
     if holds_nul(text):

@@ -36,6 +36,31 @@ class NextRun:
         return None if self.in_seconds is None else finished_at + timedelta(seconds=self.in_seconds)
 
 
+
+# The five fields of a cron expression and the values each takes.
+CRON_FIELDS = (("minute", "0-59"), ("hour", "0-23"), ("day of month", "1-31"), ("month", "1-12 or JAN-DEC"),
+               ("day of week", "0-6 or SUN-SAT"))
+
+
+def cron_problem(expression: object) -> str | None:
+    """What is wrong with a 5-field cron expression, naming the bad field and its range
+    (None: it is valid)."""
+    if not isinstance(expression, str):
+        return f"expected a cron expression (text), got {type(expression).__name__}"
+    fields = expression.split()
+    if len(fields) != 5:
+        return (f"expected 5 fields (minute hour day-of-month month day-of-week) such as '0 */6 * * *', "
+                f"got {len(fields)}")
+    for index, (name, values) in enumerate(CRON_FIELDS):
+        alone = " ".join(field if place == index else "*" for place, field in enumerate(fields))
+        if not croniter.is_valid(alone):
+            return (f"the {name} field {fields[index]!r} is not valid: it takes {values}, "
+                    "lists (1,5), ranges (1-5) and steps (*/15)")
+    if not croniter.is_valid(expression):
+        return "expected a cron expression such as '0 */6 * * *'"
+    return None
+
+
 class ScheduleKind(str, enum.Enum):
     EVERY = "every"
     CRON = "cron"
@@ -68,10 +93,9 @@ class Schedule:
     @classmethod
     def cron(cls, expression: str, timezone: str = "UTC") -> Schedule:
         """Runs at the wall-clock times of a 5-field cron expression in ``timezone``."""
-        if not isinstance(expression, str) or len(expression.split()) != 5 or not croniter.is_valid(expression):
-            raise InvalidSchedule(
-                f"Schedule.cron({expression!r}): expected a 5-field cron expression such as '0 */6 * * *'"
-            )
+        problem = cron_problem(expression)
+        if problem:
+            raise InvalidSchedule(f"Schedule.cron({expression!r}): {problem}")
         try:
             ZoneInfo(timezone)
         except (ZoneInfoNotFoundError, ValueError):

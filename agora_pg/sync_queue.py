@@ -9,26 +9,32 @@ job commits or rolls back with the caller's transaction.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 import re
 import threading
-from collections.abc import Coroutine, Iterable, Iterator, Mapping, Sequence
+import time
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from sqlalchemy.engine import Connection as SAConnection
 from sqlalchemy.orm import Session
 
 from agora_pg.db.connect import Database, embedded_database
 from agora_pg.db.enqueue import insert_jobs
-from agora_pg.errors import DatabaseUnavailable, SchemaNotReady
+from agora_pg.db.job_table import JobTable
+from agora_pg.db.run_table import RunTable
+from agora_pg.db.store import Store
+from agora_pg.errors import DatabaseUnavailable, JobFailed, SchemaNotReady
 from agora_pg.job_spec import JobSpec
-from agora_pg.jobs import Job
+from agora_pg.jobs import Job, JobStatus
 from agora_pg.settings import Settings, load_settings
 from agora_pg.worker.handlers import apply_kinds, kind_table
 
 T = TypeVar("T")
+WAIT_POLL_SECONDS = 0.05  # SyncQueue.wait's first pause between looks at the job (x1.5 each, up to 1 s)
 
 _PLACEHOLDER = re.compile(r"\$(\d+)")
 
@@ -94,6 +100,13 @@ def _sync_fetch(connection: Any) -> Any:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class _FetchOnly:
+    """A ``fetch(sql, *args)`` in the place of a Store, for its table classes."""
+
+    fetch: Callable[..., Coroutine[Any, Any, list[dict[str, Any]]]]
+
+
 def _spec(kind: str, payload: Any, **options: Any) -> JobSpec:
     return JobSpec(kind=kind, payload={} if payload is None else payload, **options)
 
@@ -103,6 +116,7 @@ class SyncQueue:
 
     >>> with SyncQueue.connect() as queue:          # DATABASE_URL, or the embedded server
     ...     job = queue.enqueue("send_email", {"to": "a@b.c"})
+    ...     queue.get(job.id).status, queue.wait(job.id, timeout=30)
 
     One psycopg 3 connection (in autocommit), opened on first use, shared by the threads
     of the process (calls on it take turns). With ``connection=``, the job is written on
@@ -166,6 +180,43 @@ class SyncQueue:
     def enqueue_many(self, specs: Iterable[JobSpec], *, connection: Any = None) -> list[Job]:
         """Store many jobs in one statement; returns them in the order given."""
         return [job for job, _created in self._insert(list(specs), connection)]
+
+    def get(self, job_id: int) -> Job:
+        """The job with this id (``JobNotFound`` otherwise), as ``Queue.get``."""
+        return self._on_own_connection(lambda store: JobTable(store).get(job_id))
+
+    def cancel(self, job_id: int) -> Job:
+        """Cancel a job, as ``Queue.cancel``: one that has not started at once; a running one
+        is stopped by its worker (returned still processing, with ``cancel_requested_at``
+        set). ``InvalidTransition`` for a finished job, ``JobNotFound`` for an unknown id."""
+        return self._on_own_connection(lambda store: JobTable(store).cancel(job_id))
+
+    def wait(self, job_id: int, *, timeout: float | None = None) -> Any:
+        """Block until the job has finished for good and return its result, as
+        ``Queue.wait``: ``JobFailed`` for a job that failed for good or was cancelled,
+        ``TimeoutError`` after ``timeout`` seconds (the job is left as it is),
+        ``JobNotFound`` for an unknown id. It looks at the job every
+        ``WAIT_POLL_SECONDS`` at first, then less often (up to once a second): a
+        synchronous caller has no event loop to follow the job's events on."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = WAIT_POLL_SECONDS
+        while not (job := self.get(job_id)).is_finished:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError(f"job {job_id} did not finish within {timeout:g}s (it is {job.status.value})")
+            time.sleep(pause if left is None else min(pause, left))
+            pause = min(pause * 1.5, 1.0)
+        if job.status is not JobStatus.DONE:
+            raise JobFailed(job.id, job.status.value, job.error_message)
+        runs = self._on_own_connection(lambda store: RunTable(store).of_job(job_id))
+        return next((run.result for run in runs if run.status == "succeeded"), None)
+
+    def _on_own_connection(self, call: Callable[[Store], Coroutine[Any, Any, T]]) -> T:
+        """Run a store table's statement on the queue's own connection, synchronously."""
+        with self._lock, self._translated_errors(reconnect=True):
+            # (JobTable and RunTable use nothing of a Store but fetch())
+            store = cast(Store, _FetchOnly(_sync_fetch(self._own_connection())))
+            return run_to_completion(call(store))
 
     def _insert(self, specs: list[JobSpec], connection: Any) -> list[tuple[Job, bool]]:
         if not specs:

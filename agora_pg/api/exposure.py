@@ -18,9 +18,10 @@ from __future__ import annotations
 import ipaddress
 import json
 from collections.abc import Collection, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from litestar.types import ASGIApp, Receive, Scope, Send
+if TYPE_CHECKING:  # (names for annotations: the worker's health server needs no Litestar)
+    from litestar.types import ASGIApp, Receive, Scope, Send
 
 
 def is_loopback_host(host: str) -> bool:

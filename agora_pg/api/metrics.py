@@ -73,6 +73,8 @@ def render_metrics(snapshot: MetricsSnapshot, process: Collector | None = None) 
             ("running", "_running", "Running jobs of a limited kind."),
             ("full_keys", "_full_keys", "Keys of a limited kind at a limit: their due jobs wait for a slot or a window."),
             ("waiting", "_waiting", "Due jobs of a limited kind not running yet."),
+            ("waiting_keys", "_waiting_keys", "Keys of fair share (fair_by, else limit_by) among a kind's due jobs "
+                                              "waiting: they take turns."),
         )
     }
     for limit in snapshot.kind_limits:

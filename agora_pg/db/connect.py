@@ -11,12 +11,15 @@ import uuid
 import warnings
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from agora_pg.errors import ConfigError, DatabaseUnavailable, EmbeddedPostgresMissing
 from agora_pg.settings import Settings, load_settings
+
+if TYPE_CHECKING:  # (SQLAlchemy loads only for connect_db's engine)
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 log = logging.getLogger("agora_pg")
 
@@ -84,6 +87,8 @@ class Database:
         if self.transaction_pooling:  # SQLAlchemy's documented PgBouncer settings for asyncpg
             options["connect_args"] = {"statement_cache_size": 0, "prepared_statement_cache_size": 0,
                                        "prepared_statement_name_func": _unique_statement_name}
+        from sqlalchemy.ext.asyncio import create_async_engine
+
         return create_async_engine(self.sqlalchemy_url, pool_size=pool_size, max_overflow=pool_size, **options)
 
 

@@ -89,10 +89,12 @@ class Promotion:
 
 @dataclasses.dataclass(frozen=True)
 class KindLimit:
-    """A kind's limits as a worker declares them (``agora.kind_limits``): at most
+    """A kind's flow control as a worker declares it (``agora.kind_limits``): at most
     ``concurrency`` running and ``rate`` = (n, seconds) starts per window, per value of
-    the payload field ``limit_by`` (None: the kind as a whole). All None: no limit."""
+    the payload field ``limit_by`` (None: the kind as a whole); its jobs taken one per
+    value of ``fair_by`` (else ``limit_by``) in turn. All None: none."""
 
     concurrency: int | None = None
     limit_by: str | None = None
     rate: tuple[int, float] | None = None
+    fair_by: str | None = None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
 
@@ -104,24 +104,32 @@ class JobTable:
 
     async def claim_limited(
         self, queues: Sequence[str], limit: int, worker_id: str, lease_seconds: float, kinds: Sequence[str],
-        scan: int,
-    ) -> list[Job]:
+        scan: int, after_key: str | None = None,
+    ) -> tuple[list[Job], str | None]:
         """Claim up to ``limit`` due jobs of the limited ``kinds`` without overshooting any
-        kind's or key's concurrency limit (``queries.CLAIM_LIMITED_JOBS``); ``scan`` due
-        jobs are looked at, in claim order."""
+        kind's or key's limit, one per key of fair share in turn from the key after
+        ``after_key`` (``queries.CLAIM_LIMITED_JOBS``); ``scan`` due jobs without a key are
+        looked at, in claim order. Returns the jobs and the last key served (the next
+        claim's ``after_key``)."""
         rows = await self._store.fetch(
-            queries.CLAIM_LIMITED_JOBS, list(queues), list(kinds), scan, limit, worker_id, float(lease_seconds)
+            queries.CLAIM_LIMITED_JOBS, list(queues), list(kinds), scan, limit, worker_id, float(lease_seconds),
+            after_key,
         )
-        return _in_claim_order(rows)
+        keys = {row["fair_key"] for row in rows} - {None}
+        return _in_claim_order(rows), last_key_served(keys, after_key) if keys else after_key
 
     async def declare_limits(self, limits: Mapping[str, KindLimit]) -> None:
-        """Write the limits of these kinds; a kind with no limit at all has its row removed."""
+        """Write the flow control of these kinds (a kind with none has its row removed), and
+        give their waiting jobs the key of fair share it asks for."""
         kinds = sorted(limits)
         rates = [limits[k].rate for k in kinds]
-        await self._store.fetch(
-            queries.DECLARE_KIND_LIMITS, kinds, [limits[k].concurrency for k in kinds], [limits[k].limit_by for k in kinds],
-            [rate[0] if rate else None for rate in rates], [float(rate[1]) if rate else None for rate in rates],
-        )
+        async with self._store.connection() as connection, connection.transaction():
+            await connection.execute(
+                queries.DECLARE_KIND_LIMITS, kinds, [limits[k].concurrency for k in kinds],
+                [limits[k].limit_by for k in kinds], [rate[0] if rate else None for rate in rates],
+                [float(rate[1]) if rate else None for rate in rates], [limits[k].fair_by for k in kinds],
+            )
+            await connection.execute(queries.KEY_WAITING_JOBS, kinds)
 
     async def next_rate_room(self, kinds: Sequence[str]) -> float | None:
         """Seconds until a start counted by the rate limits of ``kinds`` leaves its window
@@ -211,6 +219,13 @@ class JobTable:
             result = fields.pop("result")
             finished.append((row_to_job(fields), None if result is None else json.loads(result)))
         return finished
+
+
+def last_key_served(keys: Set[str], after_key: str | None) -> str:
+    """Of the (non-empty) ``keys`` a claim served, visiting keys in order from the one
+    after ``after_key`` and wrapping around, the one it served last."""
+    wrapped = [key for key in keys if after_key is not None and key <= after_key]
+    return max(wrapped) if wrapped else max(keys)
 
 
 def _in_claim_order(rows: Sequence[asyncpg.Record]) -> list[Job]:

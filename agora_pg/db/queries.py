@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from agora_pg.db.tables import ALIVE, CLAIMABLE, CLAIMABLE_NOW
+from agora_pg.db.predicates import ALIVE, CLAIMABLE, CLAIMABLE_NOW
 from agora_pg.jobs import JOB_FIELDS
 from agora_pg.schedules import ERROR_BACKOFF_CAP_SECONDS
 
@@ -55,18 +55,27 @@ woken AS (SELECT pg_notify(CASE WHEN delayed THEN 'agora_delayed' ELSE 'agora_jo
                            CASE WHEN delayed THEN '' ELSE queue END)
           FROM (SELECT DISTINCT queue, delayed FROM inserted) AS new_rows)"""
 
-_INSERT_JOB_VALUES = """
+# A job's fair_key (migration 0017): the value of its payload's field that its kind is
+# shared by (kind_limits.fair_by, else limit_by); NULL for a kind without one. The batch
+# looks a row's kind up only when some kind has such a field (otherwise one InitPlan per
+# statement and nothing per row).
+_FAIR_KEY = ("(SELECT {payload} ->> COALESCE(l.fair_by, l.limit_by) FROM agora.kind_limits AS l "
+             "WHERE l.kind = {kind})")
+_SOME_KIND_KEYED = "(SELECT EXISTS (SELECT FROM agora.kind_limits WHERE COALESCE(fair_by, limit_by) IS NOT NULL))"
+
+_INSERT_JOB_VALUES = f"""
 INSERT INTO agora.jobs (name, kind, queue, payload, priority, run_at, max_retries, dedup_key, timeout_seconds,
-                        delayed)
+                        delayed, fair_key)
 VALUES ($1, $2, $3, $4::text::jsonb, $5, COALESCE($6::timestamptz, now()), $7, $8, $9,
-        COALESCE($6::timestamptz, now()) > now())
+        COALESCE($6::timestamptz, now()) > now(), {_FAIR_KEY.format(payload="$4::text::jsonb", kind="$2")})
 """
 
-_INSERT_JOBS_FROM_COLUMNS = """
+_INSERT_JOBS_FROM_COLUMNS = f"""
 INSERT INTO agora.jobs (name, kind, queue, payload, priority, run_at, max_retries, dedup_key, timeout_seconds,
-                        delayed)
-SELECT COALESCE(name, kind), kind, queue, payload, COALESCE(priority, 0), COALESCE(run_at, now()), max_retries,
-       dedup_key, timeout_seconds, COALESCE(run_at, now()) > now()
+                        delayed, fair_key)
+SELECT COALESCE(name, t.kind), t.kind, queue, payload, COALESCE(priority, 0), COALESCE(run_at, now()), max_retries,
+       dedup_key, timeout_seconds, COALESCE(run_at, now()) > now(),
+       CASE WHEN {_SOME_KIND_KEYED} THEN {_FAIR_KEY.format(payload="t.payload", kind="t.kind")} END
 FROM ROWS FROM (unnest($1::text[]), unnest($2::text[]), unnest($3::text[]), jsonb_array_elements($4::text::jsonb),
                 unnest($5::int[]), unnest($6::timestamptz[]), unnest($7::int[]), unnest($8::text[]),
                 unnest($9::float8[]))
@@ -230,28 +239,47 @@ WITH next AS (
 # lock per kind and key, skipping keys another claim holds) and a second, with a snapshot
 # taken once those locks are held, counts each key's running jobs again and claims what
 # still fits. $1 queues (text[]), $2 the limited kinds (text[]), $3 how many due jobs to
-# look at, $4 the most to claim, $5 the worker, $6 its lease seconds (as CLAIM_JOBS's).
+# look at, $4 the most to claim, $5 the worker, $6 its lease seconds (as CLAIM_JOBS's),
+# $7 the last key of fair share the worker served (migration 0017: keys are visited from
+# the next one on); each job comes with its fair_key.
 CLAIM_LIMITED_JOBS = f"""
-SELECT {JOB_COLUMNS} FROM agora.claim_limited_jobs($1::text[], $2::text[], $3, $4, $5, $6)
+SELECT {JOB_COLUMNS}, fair_key FROM agora.claim_limited_jobs($1::text[], $2::text[], $3, $4, $5, $6, $7)
 """
 
-# Declare the limits of kinds a worker handles ($1 kinds, $2 concurrency, $3 limit_by,
-# $4 rate, $5 rate_seconds; NULL: none): a limit is written, a kind with neither a
-# concurrency nor a rate limit has its row deleted.
+# Declare the flow control of kinds a worker handles ($1 kinds, $2 concurrency, $3
+# limit_by, $4 rate, $5 rate_seconds, $6 fair_by; NULL: none): the row is written, a kind
+# with none of them has its row deleted.
 DECLARE_KIND_LIMITS = """
 WITH declared AS (
-    SELECT * FROM unnest($1::text[], $2::int[], $3::text[], $4::int[], $5::float8[])
-        AS d(kind, concurrency, limit_by, rate, rate_seconds)
+    SELECT * FROM unnest($1::text[], $2::int[], $3::text[], $4::int[], $5::float8[], $6::text[])
+        AS d(kind, concurrency, limit_by, rate, rate_seconds, fair_by)
 ), removed AS (
     DELETE FROM agora.kind_limits AS l USING declared AS d
-    WHERE l.kind = d.kind AND d.concurrency IS NULL AND d.rate IS NULL
+    WHERE l.kind = d.kind AND d.concurrency IS NULL AND d.rate IS NULL AND d.fair_by IS NULL
 )
-INSERT INTO agora.kind_limits AS l (kind, concurrency, limit_by, rate, rate_seconds)
-SELECT kind, concurrency, limit_by, rate, rate_seconds FROM declared WHERE concurrency IS NOT NULL OR rate IS NOT NULL
+INSERT INTO agora.kind_limits AS l (kind, concurrency, limit_by, rate, rate_seconds, fair_by)
+SELECT kind, concurrency, limit_by, rate, rate_seconds, fair_by FROM declared
+WHERE concurrency IS NOT NULL OR rate IS NOT NULL OR fair_by IS NOT NULL
 ON CONFLICT (kind) DO UPDATE SET concurrency = EXCLUDED.concurrency, limit_by = EXCLUDED.limit_by,
-    rate = EXCLUDED.rate, rate_seconds = EXCLUDED.rate_seconds, updated_at = now()
-    WHERE (l.concurrency, l.limit_by, l.rate, l.rate_seconds)
-        IS DISTINCT FROM (EXCLUDED.concurrency, EXCLUDED.limit_by, EXCLUDED.rate, EXCLUDED.rate_seconds)
+    rate = EXCLUDED.rate, rate_seconds = EXCLUDED.rate_seconds, fair_by = EXCLUDED.fair_by, updated_at = now()
+    WHERE (l.concurrency, l.limit_by, l.rate, l.rate_seconds, l.fair_by)
+        IS DISTINCT FROM (EXCLUDED.concurrency, EXCLUDED.limit_by, EXCLUDED.rate, EXCLUDED.rate_seconds, EXCLUDED.fair_by)
+"""
+
+# Give the waiting jobs of kinds $1 (text[]) the fair_key their kind's declaration asks
+# for (jobs inserted before it was declared, or under another key field). Rows are locked
+# in id order, skipping those a claim holds, so two workers starting at once never wait
+# for each other.
+KEY_WAITING_JOBS = """
+WITH keyed AS (
+    SELECT j.id, j.payload ->> COALESCE(l.fair_by, l.limit_by) AS fair_key
+    FROM agora.jobs AS j JOIN agora.kind_limits AS l ON l.kind = j.kind
+    WHERE j.kind = ANY($1::text[]) AND (j.status = 'pending' OR (j.status = 'failed' AND j.retry_count < j.max_retries))
+      AND j.fair_key IS DISTINCT FROM j.payload ->> COALESCE(l.fair_by, l.limit_by)
+    ORDER BY j.id
+    FOR UPDATE OF j SKIP LOCKED
+)
+UPDATE agora.jobs AS j SET fair_key = keyed.fair_key FROM keyed WHERE j.id = keyed.id
 """
 
 # Seconds until the earliest start counted by the rate limits of kinds $1 (text[]) leaves
@@ -824,6 +852,12 @@ def list_runs(filters: Sequence[str]) -> str:
 # Every run of one job, oldest first.
 SELECT_JOB_RUNS = f"SELECT {RUN_COLUMNS} FROM agora.runs WHERE job_id = $1 ORDER BY attempt, id"
 
+# The run status of each attempt ($1 job ids, $2 attempts) that has a run row.
+RUN_STATUSES_OF_ATTEMPTS = """
+SELECT r.job_id, r.attempt, r.status FROM agora.runs AS r
+JOIN unnest($1::bigint[], $2::int[]) AS a(job_id, attempt) ON r.job_id = a.job_id AND r.attempt = a.attempt
+"""
+
 # Give a failed or cancelled job another attempt now, waking the workers of its queue.
 # retry_count keeps counting, so it retries on its own again only while retry_count < max_retries.
 RETRY_JOB = f"""
@@ -893,12 +927,15 @@ FROM agora.schedules GROUP BY state
 # are at a limit (no room to start one more: agora.limit_room), and how many of its jobs
 # are due and waiting (for /metrics and the dashboard).
 KIND_LIMITS_NOW = f"""
-SELECT l.kind, l.concurrency, l.limit_by, l.rate, l.rate_seconds,
+SELECT l.kind, l.concurrency, l.limit_by, l.rate, l.rate_seconds, l.fair_by,
        (SELECT count(*) FROM agora.jobs AS j WHERE j.status = 'processing' AND j.kind = l.kind)::int AS running,
        (SELECT count(*) FROM agora.limit_room(ARRAY[l.kind]) AS r WHERE r.room <= 0)::int AS full_keys,
-       (SELECT count(*) FROM agora.jobs AS j
-        WHERE j.kind = l.kind AND ({CLAIMABLE_NOW}) AND j.run_at <= now())::int AS waiting
+       w.waiting, w.waiting_keys
 FROM agora.kind_limits AS l
+CROSS JOIN LATERAL (
+    SELECT count(*)::int AS waiting, count(DISTINCT j.fair_key)::int AS waiting_keys FROM agora.jobs AS j
+    WHERE j.kind = l.kind AND ({CLAIMABLE_NOW}) AND j.run_at <= now()
+) AS w
 ORDER BY l.kind
 """
 

@@ -53,17 +53,20 @@ class MetricsSnapshot:
 
 @dataclasses.dataclass(frozen=True)
 class KindLimitNow:
-    """A limited kind now (``queries.KIND_LIMITS_NOW``): its limits (per key of ``limit_by``),
-    its running jobs, its keys at a limit and its due jobs waiting."""
+    """A kind under flow control now (``queries.KIND_LIMITS_NOW``): its limits (per key of
+    ``limit_by``), the field it is shared by, its running jobs, its keys at a limit, its
+    due jobs waiting and how many keys of fair share they have."""
 
     kind: str
     concurrency: int | None
     limit_by: str | None
     rate: int | None
     rate_seconds: float | None
+    fair_by: str | None
     running: int
     full_keys: int
     waiting: int
+    waiting_keys: int
 
 
 def oldest_due_by_queue(ages: Iterable[tuple[str, Any]]) -> dict[str, float]:

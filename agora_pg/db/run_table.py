@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from agora_pg.db import queries
@@ -23,6 +23,12 @@ class RunTable:
         """Every recorded attempt of a job, oldest first."""
         require_possible_job_id(job_id)
         return [RunRow.from_row(row) for row in await self._store.fetch(queries.SELECT_JOB_RUNS, job_id)]
+
+    async def statuses_of_attempts(self, attempts: Sequence[tuple[int, int]]) -> dict[tuple[int, int], str]:
+        """The run status recorded for each ``(job_id, attempt)`` that has a run row."""
+        rows = await self._store.fetch(
+            queries.RUN_STATUSES_OF_ATTEMPTS, [a[0] for a in attempts], [a[1] for a in attempts])
+        return {(row["job_id"], row["attempt"]): row["status"] for row in rows}
 
     async def search(self, filters: Mapping[str, Any], limit: int) -> list[RunRow]:
         """Runs newest first; ``filters`` maps names of ``queries.RUN_FILTERS`` to values."""

@@ -23,18 +23,11 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
-SCHEMA = "agora"
+from agora_pg.db.predicates import ALIVE as ALIVE
+from agora_pg.db.predicates import CLAIMABLE as CLAIMABLE
+from agora_pg.db.predicates import CLAIMABLE_NOW as CLAIMABLE_NOW
 
-# A job is claimable in this state; the claim query and the partial index repeat it verbatim.
-CLAIMABLE = "status = 'pending' OR (status = 'failed' AND retry_count < max_retries)"
-# Claimable and not waiting for its run_at: the claim index holds exactly these rows (a
-# delayed job enters it when a worker's promotion step sees its run_at pass).
-CLAIMABLE_NOW = f"({CLAIMABLE}) AND NOT delayed"
-# A job still has work ahead of it: at most one such job per dedup_key.
-ALIVE = (
-    "dedup_key IS NOT NULL AND (status IN ('pending', 'processing') "
-    "OR (status = 'failed' AND retry_count < max_retries))"
-)
+SCHEMA = "agora"
 
 metadata = MetaData(schema=SCHEMA)
 
@@ -70,6 +63,7 @@ jobs = Table(
     Column("cancel_requested_at", DateTime(timezone=True), nullable=True, comment="When a cancel of the running attempt was asked for; its worker stops it."),
     Column("progress", JSONB, nullable=True, comment="The running attempt's latest progress report ({done, total, message, at}); kept with the run when it ends."),
     Column("delayed", Boolean, nullable=False, server_default=text("false"), comment="The job waits for its run_at (enqueued for later, or backing off before a retry): it is outside the claim index until a worker's promotion clears this once run_at has passed."),
+    Column("fair_key", Text, nullable=True, comment="The job's key for fair share (its kind's fair_by, else limit_by, payload field), written at insert; NULL: its kind has none."),
     # The job row's eleven rules (status values, each status tied to its columns, no
     # negative counters, an object payload, a positive timeout) in one function, which
     # names the broken rule's constraint (migration 0014).
@@ -87,6 +81,16 @@ Index(
     postgresql_where=text(CLAIMABLE_NOW),
 )
 Index("jobs_delayed_idx", jobs.c.run_at, postgresql_where=text("delayed"))
+# The keys of fair share with claimable jobs, each key's in claim order (migration 0017).
+Index(
+    "jobs_fair_idx",
+    jobs.c.queue,
+    jobs.c.fair_key,
+    jobs.c.priority.desc(),
+    jobs.c.run_at,
+    jobs.c.id,
+    postgresql_where=text(f"{CLAIMABLE_NOW} AND fair_key IS NOT NULL"),
+)
 Index("jobs_dedup_key_idx", jobs.c.dedup_key, unique=True, postgresql_where=text(ALIVE))
 Index(
     "jobs_lease_idx",
@@ -210,12 +214,14 @@ kind_limits = Table(
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=text("now()"), comment="When a worker last declared the limit."),
     Column("rate", Integer, nullable=True, comment="At most this many of the kind's jobs (or of each key's) start in any rate_seconds; NULL: no rate limit."),
     Column("rate_seconds", Float, nullable=True, comment="The window of the rate limit, in seconds."),
+    Column("fair_by", Text, nullable=True, comment="Payload field whose value is the key the kind's jobs are shared by, one per key in turn; NULL: limit_by's key, if any."),
     CheckConstraint("concurrency > 0", name="kind_limits_concurrency_positive"),
     CheckConstraint("limit_by IS NULL OR limit_by <> ''", name="kind_limits_limit_by_not_empty"),
     CheckConstraint("(rate IS NULL) = (rate_seconds IS NULL) AND (rate IS NULL OR (rate > 0 AND rate_seconds > 0))",
                     name="kind_limits_rate_positive"),
-    CheckConstraint("concurrency IS NOT NULL OR rate IS NOT NULL", name="kind_limits_some_limit"),
-    comment="Concurrency and rate limits of job kinds, declared by the workers that handle them.",
+    CheckConstraint("concurrency IS NOT NULL OR rate IS NOT NULL OR fair_by IS NOT NULL", name="kind_limits_some_limit"),
+    CheckConstraint("fair_by IS NULL OR fair_by <> ''", name="kind_limits_fair_by_not_empty"),
+    comment="Flow control of job kinds (concurrency and rate limits, fair share), declared by the workers that handle them.",
 )
 
 kind_starts = Table(

@@ -12,7 +12,6 @@ import socket
 import uuid
 from collections.abc import Mapping
 
-from agora_pg.db.migrate import head_revisions
 from agora_pg.db.store import Store
 from agora_pg.errors import ConnectionLost, SchemaNotReady, TransientDatabaseError
 from agora_pg.settings import unknown_variables
@@ -66,6 +65,8 @@ async def check_schema(store: Store, *, attempts: int = SCHEMA_CHECK_ATTEMPTS) -
             delay = pause.next()
             log.warning("checking the schema: %s; retrying in %.1fs", error, delay)
             await asyncio.sleep(delay)
+    from agora_pg.db.migrate import head_revisions  # (Alembic loads only here, once)
+
     head = head_revisions()
     if applied != head:
         state = "not migrated" if not applied else f"at {', '.join(sorted(applied))}"

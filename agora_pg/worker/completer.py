@@ -35,6 +35,12 @@ class FlushResult:
     superseded: list[int]  # job ids whose attempt had been taken over meanwhile
 
 
+# The run status each outcome this worker writes leaves (a lost attempt's, "abandoned",
+# is also what a rescue by another worker writes: it tells nothing).
+_RUN_STATUS = {OutcomeKind.SUCCEEDED: "succeeded", OutcomeKind.FAILED: "failed",
+               OutcomeKind.CANCELLED: "cancelled", OutcomeKind.RELEASED: "cancelled"}
+
+
 class Completer:
     """Collects outcomes from attempts and writes them in batches."""
 
@@ -104,7 +110,27 @@ class Completer:
                     self._keep(batch[index:])
                     self._settle(batch[:index], written)
                     raise
+        if len(written) < len(batch):
+            written |= await self._recorded_before(batch, written)
         return self._settle(batch, written)
+
+    async def _recorded_before(self, batch: list[Attempt], written: set[int]) -> set[int]:
+        """Of the attempts a write left alone, those whose outcome is recorded already, as
+        this worker would have recorded it: an earlier write of theirs committed but its
+        reply was lost (cut off at shutdown, or by the network), so they were written
+        again and fenced. Their outcome is recorded: no warning is due."""
+        missed = [attempt for attempt in batch if attempt.job.id not in written and attempt.outcome is not None
+                  and attempt.outcome.kind in _RUN_STATUS]
+        if not missed:
+            return set()
+        try:
+            statuses = await self._store.runs.statuses_of_attempts([(a.job.id, a.job.attempt) for a in missed])
+        except Exception as error:  # (only a log line depends on it)
+            log.debug("checking %d fenced outcome(s): %s", len(missed), error)
+            return set()
+        return {attempt.job.id for attempt in missed
+                if attempt.outcome is not None
+                and statuses.get((attempt.job.id, attempt.job.attempt)) == _RUN_STATUS[attempt.outcome.kind]}
 
     def _keep(self, entries: list[Attempt]) -> None:
         self._pending = entries + self._pending

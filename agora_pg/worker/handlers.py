@@ -37,7 +37,10 @@ class KindOptions:
     of the kind's jobs run at once across every worker, or of each key's with
     ``limit_by``, the payload field whose value is the key (jobs without it share one).
     ``rate``: ``(n, seconds)``, at most n of the kind's jobs (or of each key's) start in
-    any ``seconds``, by the database's clock."""
+    any ``seconds``, by the database's clock. ``fair_by``: the payload field whose value
+    is the key the kind's jobs are shared by: a claim takes one job per key in turn, so a
+    key with many jobs waiting never holds back one with few (``limit_by`` does the same
+    when ``fair_by`` is not given)."""
 
     timeout: float | None = None
     non_retryable: tuple[type[BaseException], ...] = ()
@@ -48,6 +51,7 @@ class KindOptions:
     concurrency: int | None = None
     limit_by: str | None = None
     rate: tuple[int, float] | None = None
+    fair_by: str | None = None
 
     def __post_init__(self) -> None:
         if self.timeout is not None and not (isinstance(self.timeout, int | float) and self.timeout > 0):
@@ -74,6 +78,8 @@ class KindOptions:
                 raise ValueError(f"limit_by must be the name of a payload field, got {self.limit_by!r}")
             if self.concurrency is None and self.rate is None:
                 raise ValueError(f"limit_by={self.limit_by!r} needs a concurrency or rate limit to count by it")
+        if self.fair_by is not None and (not isinstance(self.fair_by, str) or not self.fair_by.strip()):
+            raise ValueError(f"fair_by must be the name of a payload field, got {self.fair_by!r}")
         if self.rate is not None:
             rate = self.rate
             if not (isinstance(rate, tuple) and len(rate) == 2 and isinstance(rate[0], int)
@@ -134,14 +140,14 @@ class Handlers(Mapping[str, Handler]):
         self, name: str, *, timeout: float | None = None, non_retryable: tuple[type[BaseException], ...] = (),
         max_retries: int | None = None, retry_backoff: float | None = None, queue: str | None = None,
         payload: type | None = None, concurrency: int | None = None, limit_by: str | None = None,
-        rate: tuple[int, float] | None = None,
+        rate: tuple[int, float] | None = None, fair_by: str | None = None,
     ) -> Callable[[Handler], Handler]:
         """Register the decorated function as the handler of ``name`` (options: ``KindOptions``)."""
 
         def register(handler: Handler) -> Handler:
             self.add(name, handler, timeout=timeout, non_retryable=non_retryable, max_retries=max_retries,
                      retry_backoff=retry_backoff, queue=queue, payload=payload, concurrency=concurrency,
-                     limit_by=limit_by, rate=rate)
+                     limit_by=limit_by, rate=rate, fair_by=fair_by)
             return handler
 
         return register
@@ -151,6 +157,7 @@ class Handlers(Mapping[str, Handler]):
         non_retryable: tuple[type[BaseException], ...] = (), max_retries: int | None = None,
         retry_backoff: float | None = None, queue: str | None = None, payload: type | None = None,
         concurrency: int | None = None, limit_by: str | None = None, rate: tuple[int, float] | None = None,
+        fair_by: str | None = None,
     ) -> None:
         """Register ``handler`` for ``name`` (as ``kind`` does, without decorating)."""
         if not isinstance(name, str) or not name.strip():
@@ -160,7 +167,7 @@ class Handlers(Mapping[str, Handler]):
         if name in self._handlers:
             raise ValueError(f"kind {name!r} is registered twice")
         options = KindOptions(timeout, tuple(non_retryable), max_retries, retry_backoff, queue, payload,
-                              concurrency, limit_by, rate)
+                              concurrency, limit_by, rate, fair_by)
         self._handlers[name] = handler
         self._options[name] = options
 

@@ -76,7 +76,8 @@ class Worker:
     once: after ``run()`` returns, build a new one. ``resources`` is handed to every
     handler as is; or give ``lifespan``, a function returning an async context
     manager whose value becomes the resources for the worker's lifetime (open
-    clients at start, close at stop).
+    clients at start, close at stop). ``queues`` and ``concurrency`` override the
+    settings' (``WORKER_QUEUES``, ``WORKER_CONCURRENCY``), as the CLI's flags do.
     """
 
     def __init__(
@@ -86,6 +87,8 @@ class Worker:
         resources: Any = None,
         lifespan: Lifespan | None = None,
         settings: Settings | None = None,
+        queues: Sequence[str] | None = None,
+        concurrency: int | None = None,
     ) -> None:
         if resources is not None and lifespan is not None:
             raise ValueError("give resources or lifespan, not both")
@@ -101,12 +104,18 @@ class Worker:
         self._stopping = StopSignal()
         self._aborting = StopSignal()
         self._wakeup = asyncio.Event()  # set to make the claim loop look again at once
+        self.configure(queues=queues, concurrency=concurrency)
 
     def configure(self, *, queues: Sequence[str] | None = None, concurrency: int | None = None) -> Worker:
-        """Override queues or concurrency (as the CLI's flags do); returns self."""
+        """Override queues or concurrency (as the CLI's flags do, and ``Worker(queues=...,
+        concurrency=...)``); returns self."""
         if queues is not None:
+            if isinstance(queues, str) or not queues or not all(isinstance(q, str) and q.strip() for q in queues):
+                raise ValueError(f"queues takes a list of queue names, such as ['default', 'mail'], got {queues!r}")
             self._overrides["queues"] = tuple(queues)
         if concurrency is not None:
+            if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+                raise ValueError(f"concurrency must be a whole number >= 1, got {concurrency!r}")
             self._overrides["concurrency"] = concurrency
         return self
 
@@ -193,10 +202,11 @@ class _WorkerRun:
         self.rated_kinds: tuple[str, ...] = ()  # of those, the ones with a rate limit
         self.limits_read_at = -LIMITS_REFRESH_SECONDS
         self.rate_wake: asyncio.TimerHandle | None = None  # wakes the claim loop when a rate window has room
+        self.fair_cursor: str | None = None  # the last key of fair share served: the next claim starts after it
 
     async def serve(self) -> None:
         worker, settings = self.worker, self.settings
-        limits = ({kind: KindLimit(options.concurrency, options.limit_by, options.rate)
+        limits = ({kind: KindLimit(options.concurrency, options.limit_by, options.rate, options.fair_by)
                    for kind, options in worker.kind_options.items()} if worker.claim_kinds is None else {})
 
         async def register() -> None:  # (both statements are idempotent: a retry runs both again)
@@ -293,9 +303,9 @@ class _WorkerRun:
                 self.rated_kinds = tuple(sorted(kind for kind, rated in limited.items() if rated))
                 self.limits_read_at = time.monotonic()
             if self.limited_kinds:
-                jobs = await self._unless_stopping(self.store.jobs.claim_limited(
+                jobs, self.fair_cursor = await self._unless_stopping(self.store.jobs.claim_limited(
                     settings.queues, limit, worker.id, settings.lease_seconds, self.limited_kinds,
-                    scan=max(LIMITED_SCAN, LIMITED_SCAN_PER_SLOT * limit)))
+                    scan=max(LIMITED_SCAN, LIMITED_SCAN_PER_SLOT * limit), after_key=self.fair_cursor))
                 if len(jobs) < limit and self.rated_kinds:
                     await self._wake_at_rate_room()
         if len(jobs) < limit:
@@ -398,7 +408,10 @@ class _WorkerRun:
             if outcome is not None and self.progress.has_pending(attempt.job.id, attempt.job.attempt):
                 await self.progress.flush(attempt.job.id, attempt.job.attempt)
             if outcome is not None:
-                if outcome.traceback is not None:
+                if outcome.retry_after is not None:  # a planned Retry: one line, no traceback
+                    log.info("%s asked to be retried in %gs: %s", attempt.description, outcome.retry_after,
+                             outcome.error_message)
+                elif outcome.traceback is not None:
                     log.warning("%s failed: %s\n%s", attempt.description, outcome.error_message, outcome.traceback)
                 attempt.outcome = outcome
                 attempt.ended_at = time.monotonic()

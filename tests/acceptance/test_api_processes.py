@@ -257,6 +257,7 @@ async def test_a_flood_of_idle_and_slow_connections_is_shed_and_health_still_ans
         connection.close()
 
 
+@pytest.mark.one_lane
 async def test_dev_on_the_embedded_server_reuses_its_data(tmp_path: Path, processes: Processes) -> None:
     """The README's first command on a fresh machine (no DATABASE_URL), run twice."""
     env = {key: value for key, value in os.environ.items() if not key.startswith(("WORKER_", "AGORA_PG_", "DATABASE_URL"))}

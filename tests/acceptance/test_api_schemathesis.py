@@ -35,6 +35,7 @@ async def _a_schedule(database_url: str) -> None:
 TOKEN = "schemathesis-token-0123456789"
 
 
+@pytest.mark.one_lane
 @pytest.mark.parametrize("token", [TOKEN, None], ids=["with-token", "without-token"])
 async def test_every_check_passes_on_every_operation(database_url: str, processes: Processes, token: str | None) -> None:
     await _a_schedule(database_url)  # (reached through the document's links from GET /schedules)

@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.acceptance
 
 
+@pytest.mark.one_lane
 def test_compare_harness_produces_a_table_for_agora(pg_server: Server, tmp_path: Path) -> None:
     env = {key: value for key, value in os.environ.items() if not key.startswith(("AGORA_PG_", "WORKER_"))}
     command = [

@@ -34,6 +34,7 @@ from playwright.async_api import async_playwright, expect  # noqa: E402
 STEP = 20_000  # ms: each thing the page should show without a reload
 
 
+@pytest.mark.one_lane
 async def test_the_dashboard_follows_jobs_and_schedules_live(database_url: str, processes: Processes) -> None:
     ARTEFACTS.mkdir(parents=True, exist_ok=True)
     port = free_port()
@@ -87,6 +88,11 @@ async def test_the_dashboard_follows_jobs_and_schedules_live(database_url: str, 
             # Schedules: pause and resume the example's heartbeat with the buttons.
             await page.goto(f"{base}/ui/schedules")
             heartbeat = page.locator("article#heartbeat")
+            # each run of the timeline is a bar with a height (its CSS was once invalid: 0 px)
+            await heartbeat.locator(".timeline li").first.wait_for(timeout=STEP)
+            heights = await heartbeat.locator(".timeline li").evaluate_all(
+                "bars => bars.map(bar => bar.getBoundingClientRect().height)")
+            assert heights and all(height >= 3 for height in heights), heights
             await heartbeat.get_by_role("button", name="Pause").click()
             await expect(heartbeat.locator("h2 .badge").first).to_have_text("paused", timeout=STEP)
             assert (await client.get("/schedules/heartbeat")).json()["state"] == "paused"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +16,7 @@ def run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.one_lane
 def test_a_new_family_passes_its_own_tests_at_once(tmp_path: Path) -> None:
     made = run([sys.executable, "-m", "agora_pg.cli", "family", "new", "demo_notice", "--path", str(tmp_path)], REPO)
     assert made.returncode == 0, made.stderr

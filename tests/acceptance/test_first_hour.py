@@ -40,6 +40,7 @@ def bare_env(**extra: str) -> dict[str, str]:
     return env
 
 
+@pytest.mark.one_lane
 def test_version_and_log_options_before_or_after_the_command(database_url: str) -> None:
     version = run(cli("--version"), worker_env(database_url))
     assert version.returncode == 0 and version.stdout.startswith("agora-pg ") and version.stdout.split()[1][0].isdigit()
@@ -103,6 +104,7 @@ def test_alembic_upgrade_head_logs_what_it_applied_and_says_one_line_for_a_wrong
         assert len(failed.stderr.strip().splitlines()) == 1 and words in failed.stderr, failed.stderr
 
 
+@pytest.mark.one_lane
 def test_embedded_mode_says_which_server_once_and_nothing_else(tmp_path: Path) -> None:
     env = bare_env(AGORA_PG_DATA_DIR=str(tmp_path / ".agora-pg"))
     env.pop("XDG_RUNTIME_DIR", None)
@@ -112,6 +114,7 @@ def test_embedded_mode_says_which_server_once_and_nothing_else(tmp_path: Path) -
     assert "XDG_RUNTIME_DIR" not in result.stderr and "alembic" not in result.stderr, result.stderr
 
 
+@pytest.mark.one_lane
 def test_busy_ports_are_named_in_one_line_before_anything_starts(database_url: str, tmp_path: Path) -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

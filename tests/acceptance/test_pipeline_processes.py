@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import csv
 import os
 import signal
@@ -170,6 +172,7 @@ def test_run_config_exports_spans_to_the_console(database_url: str, tmp_path: Pa
     assert '"pipeline.id": "orders"' in result.stdout
 
 
+@pytest.mark.one_lane
 def test_seed_config_on_a_fresh_embedded_server_needs_no_other_step(tmp_path: Path) -> None:
     """No DATABASE_URL: the command migrates the embedded server itself, then runs."""
     env = {key: value for key, value in os.environ.items() if not key.startswith(("WORKER_", "AGORA_PG_", "DATABASE_URL"))}

@@ -250,6 +250,7 @@ def test_missing_embedded_extra_says_what_to_do(tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.one_lane
 async def test_fresh_machine_path_with_the_embedded_server(tmp_path: Path, processes: Processes) -> None:
     """No DATABASE_URL: migrate, run the example worker, enqueue from Python, see `done`."""
     root = HERE.parent.parent

@@ -1,12 +1,15 @@
-"""Concurrency limits per kind and per key: counted by the database at claim time."""
+"""Flow control: concurrency and rate limits per kind and per key, counted by the database at
+claim time, and fair share across keys."""
 
 import asyncio
 from collections import Counter
+from typing import Any
 
 import pytest
 
-from agora_pg import JobSpec, Queue, Worker
+from agora_pg import Job, JobSpec, Queue, Worker
 from agora_pg.db.job_rows import JobFinish, KindLimit
+from agora_pg.db.job_table import last_key_served
 from agora_pg.db.store import Store
 from agora_pg.settings import Settings
 from agora_pg.worker.handlers import Handlers, KindOptions
@@ -26,6 +29,12 @@ async def _running_by_key(store: Store, field: str) -> Counter[str]:
         rows = await connection.fetch(
             "SELECT payload->>$1 AS key FROM agora.jobs WHERE status = 'processing'", field)
     return Counter(row["key"] for row in rows)
+
+
+async def _claimed(store: Store, *args: Any, **options: Any) -> list[Job]:
+    """What a limited claim took (without the last key it served)."""
+    jobs, _ = await store.jobs.claim_limited(*args, **options)
+    return jobs
 
 
 def test_kind_options_check_the_limits() -> None:
@@ -60,15 +69,15 @@ async def test_declared_limits_are_written_changed_and_removed(store: Store) -> 
 async def test_a_rate_limit_counts_starts_in_its_window_per_key(queue: Queue, store: Store) -> None:
     await store.jobs.declare_limits({"mail": KindLimit(None, "customer", (3, 60.0))})
     await queue.enqueue_many([JobSpec("mail", {"customer": c}) for c in "aaaaab"])
-    first = await store.jobs.claim_limited(["default"], 100, "w", 30, ["mail"], scan=100)
+    first = await _claimed(store, ["default"], 100, "w", 30, ["mail"], scan=100)
     assert Counter(job.payload["customer"] for job in first) == {"a": 3, "b": 1}
     await store.jobs.complete_succeeded([(job.id, job.attempt) for job in first], "w")
-    assert await store.jobs.claim_limited(["default"], 100, "w", 30, ["mail"], scan=100) == []  # no room left
+    assert await _claimed(store, ["default"], 100, "w", 30, ["mail"], scan=100) == []  # no room left
     async with store.connection() as connection:
         waiting = await connection.fetch("SELECT attempt, retry_count FROM agora.jobs WHERE status = 'pending'")
         assert [tuple(row) for row in waiting] == [(0, 0), (0, 0)]  # held back, charged nothing
         await connection.execute("UPDATE agora.kind_starts SET started_at = started_at - interval '61 seconds'")
-    again = await store.jobs.claim_limited(["default"], 100, "w", 30, ["mail"], scan=100)
+    again = await _claimed(store, ["default"], 100, "w", 30, ["mail"], scan=100)
     assert Counter(job.payload["customer"] for job in again) == {"a": 2}
     async with store.connection() as connection:  # the starts out of the window are gone
         assert await connection.fetchval("SELECT count(*) FROM agora.kind_starts") == 2
@@ -77,11 +86,11 @@ async def test_a_rate_limit_counts_starts_in_its_window_per_key(queue: Queue, st
 async def test_concurrency_and_rate_limits_both_hold(queue: Queue, store: Store) -> None:
     await store.jobs.declare_limits({"k": KindLimit(1, None, (2, 60.0))})
     await queue.enqueue_many([JobSpec("k") for _ in range(5)])
-    [one] = await store.jobs.claim_limited(["default"], 10, "w", 30, ["k"], scan=100)
+    [one] = await _claimed(store, ["default"], 10, "w", 30, ["k"], scan=100)
     await store.jobs.complete_succeeded([(one.id, one.attempt)], "w")
-    [two] = await store.jobs.claim_limited(["default"], 10, "w", 30, ["k"], scan=100)
+    [two] = await _claimed(store, ["default"], 10, "w", 30, ["k"], scan=100)
     await store.jobs.complete_succeeded([(two.id, two.attempt)], "w")
-    assert await store.jobs.claim_limited(["default"], 10, "w", 30, ["k"], scan=100) == []  # 2 a minute
+    assert await _claimed(store, ["default"], 10, "w", 30, ["k"], scan=100) == []  # 2 a minute
 
 
 def test_a_rate_must_be_starts_and_seconds() -> None:
@@ -103,16 +112,16 @@ async def test_a_kind_limit_counts_running_jobs_and_frees_a_slot_with_the_outcom
 ) -> None:
     await store.jobs.declare_limits({"k": KindLimit(3, None)})
     await queue.enqueue_many([JobSpec("k", {"i": i}) for i in range(10)])
-    first = await store.jobs.claim_limited(["default"], 10, "w", 30, ["k"], scan=100)
+    first = await _claimed(store, ["default"], 10, "w", 30, ["k"], scan=100)
     assert [job.payload["i"] for job in first] == [0, 1, 2]  # in claim order
-    assert await store.jobs.claim_limited(["default"], 10, "w2", 30, ["k"], scan=100) == []
+    assert await _claimed(store, ["default"], 10, "w2", 30, ["k"], scan=100) == []
     assert await store.jobs.complete_succeeded([(first[0].id, first[0].attempt)], "w") == {first[0].id}
     await store.jobs.finish([JobFinish(first[1].id, first[1].attempt, "failed", "E", "boom", None, 0.0, False)],
                             "w", 3, 3)
-    again = await store.jobs.claim_limited(["default"], 10, "w2", 30, ["k"], scan=100)
+    again = await _claimed(store, ["default"], 10, "w2", 30, ["k"], scan=100)
     # two slots free, taken in claim order (the failed job is due again now: behind 3 and 4)
     assert [job.payload["i"] for job in again] == [3, 4]
-    assert await store.jobs.claim_limited(["default"], 10, "w2", 30, ["k"], scan=100) == []
+    assert await _claimed(store, ["default"], 10, "w2", 30, ["k"], scan=100) == []
 
 
 async def test_a_key_limit_counts_each_key_apart(queue: Queue, store: Store) -> None:
@@ -120,21 +129,21 @@ async def test_a_key_limit_counts_each_key_apart(queue: Queue, store: Store) -> 
     specs = [JobSpec("mail", {"customer": c, "i": i}) for i in range(5) for c in ("a", "b", "c")]
     specs.append(JobSpec("mail", {"i": 99}))  # no key: one shared key of its own
     await queue.enqueue_many(specs)
-    claimed = await store.jobs.claim_limited(["default"], 100, "w", 30, ["mail"], scan=1000)
+    claimed = await _claimed(store, ["default"], 100, "w", 30, ["mail"], scan=1000)
     assert Counter(job.payload.get("customer") for job in claimed) == {"a": 2, "b": 2, "c": 2, None: 1}
-    assert await store.jobs.claim_limited(["default"], 100, "w", 30, ["mail"], scan=1000) == []
+    assert await _claimed(store, ["default"], 100, "w", 30, ["mail"], scan=1000) == []
 
 
 async def test_a_rescue_frees_the_slot(queue: Queue, store: Store) -> None:
     await store.jobs.declare_limits({"k": KindLimit(1, None)})
     await queue.enqueue_many([JobSpec("k"), JobSpec("k")])
-    [held] = await store.jobs.claim_limited(["default"], 5, "dead-worker", 30, ["k"], scan=100)
+    [held] = await _claimed(store, ["default"], 5, "dead-worker", 30, ["k"], scan=100)
     async with store.connection() as connection:
         await connection.execute("UPDATE agora.jobs SET lease_expires_at = now() - interval '1 second' WHERE id = $1",
                                  held.id)
-    assert await store.jobs.claim_limited(["default"], 5, "w", 30, ["k"], scan=100) == []
+    assert await _claimed(store, ["default"], 5, "w", 30, ["k"], scan=100) == []
     assert await store.jobs.rescue_expired(5, 3, 100) == [held.id]
-    [next_job] = await store.jobs.claim_limited(["default"], 5, "w", 30, ["k"], scan=100)
+    [next_job] = await _claimed(store, ["default"], 5, "w", 30, ["k"], scan=100)
     assert next_job.status.value == "processing"
 
 
@@ -148,7 +157,7 @@ async def test_concurrent_limited_claims_never_overshoot(queue: Queue, store: St
         async def work(own: Store, worker: str) -> None:
             nonlocal done
             for _ in range(200):
-                jobs = await own.jobs.claim_limited(["default"], 7, worker, 30, ["mail"], scan=1000)
+                jobs = await _claimed(own, ["default"], 7, worker, 30, ["mail"], scan=1000)
                 for key, n in (await _running_by_key(own, "customer")).items():
                     peak[key] = max(peak[key], n)
                 if jobs:
@@ -169,9 +178,11 @@ async def test_concurrent_limited_claims_never_overshoot(queue: Queue, store: St
 async def test_metrics_and_the_dashboard_show_each_limit_and_why_jobs_wait(
     queue: Queue, store: Store, settings: Settings
 ) -> None:
-    await store.jobs.declare_limits({"mail": KindLimit(2, "customer"), "report": KindLimit(1, None)})
+    await store.jobs.declare_limits({"mail": KindLimit(2, "customer"), "report": KindLimit(1, None),
+                                     "send": KindLimit(fair_by="tenant")})
     await queue.enqueue_many([JobSpec("mail", {"customer": c}) for c in ("a", "a", "a", "b")])
-    claimed = await store.jobs.claim_limited(["default"], 10, "w", 30, ["mail"], scan=100)
+    await queue.enqueue_many([JobSpec("send", {"tenant": t}) for t in ("x", "x", "y")])
+    claimed = await _claimed(store, ["default"], 10, "w", 30, ["mail"], scan=100)
     assert len(claimed) == 3  # a, a, b: the third of a waits
     snapshot = await store.metrics()
     by_kind = {limit.kind: limit for limit in snapshot.kind_limits}
@@ -183,10 +194,13 @@ async def test_metrics_and_the_dashboard_show_each_limit_and_why_jobs_wait(
         overview = (await client.get("/ui/fragments/overview")).text
     for line in ('agora_kind_limit{kind="mail"} 2.0', 'agora_kind_limit_running{kind="mail"} 3.0',
                  'agora_kind_limit_full_keys{kind="mail"} 1.0', 'agora_kind_limit_waiting{kind="mail"} 1.0',
-                 'agora_kind_limit{kind="report"} 1.0'):
+                 'agora_kind_limit{kind="report"} 1.0', 'agora_kind_limit_waiting{kind="send"} 3.0',
+                 'agora_kind_limit_waiting_keys{kind="send"} 2.0', 'agora_kind_limit_waiting_keys{kind="mail"} 1.0'):
         assert line in text, text
-    assert "Concurrency limits" in overview
-    assert "2 at once per customer" in overview and "1 customer value(s) at a limit" in overview
+    assert 'agora_kind_limit{kind="send"}' not in text  # (no concurrency limit: no sample)
+    assert "Flow control" in overview
+    assert "2 at once per customer; shared by customer" in overview and "1 customer value(s) at a limit" in overview
+    assert "shared by tenant" in overview and "3 of 2 tenant value(s), taking turns" in overview
 
 
 async def test_a_job_held_back_by_a_rate_limit_starts_when_its_window_opens(
@@ -208,3 +222,109 @@ async def test_a_job_held_back_by_a_rate_limit_starts_when_its_window_opens(
         await wait_until(three_started, timeout=10)
     gaps = [later - earlier for earlier, later in zip(started, started[1:], strict=False)]
     assert all(0.9 < gap < 2.0 for gap in gaps), gaps
+
+
+# -- fair share ----------------------------------------------------------------
+
+
+def test_fair_by_must_name_a_field_and_needs_no_limit() -> None:
+    assert KindOptions(fair_by="tenant").fair_by == "tenant"
+    for bad in (" ", "", 3):
+        with pytest.raises(ValueError, match="fair_by must be the name of a payload field"):
+            KindOptions(fair_by=bad)  # type: ignore[arg-type]
+
+
+def test_the_last_key_served_is_the_last_visited_from_the_cursor_round() -> None:
+    assert last_key_served({"a", "c"}, None) == "c"
+    assert last_key_served({"d", "e"}, "c") == "e"
+    assert last_key_served({"d", "a", "b"}, "c") == "b"  # d, then round to a, b
+    assert last_key_served({"c"}, "c") == "c"
+
+
+async def _fair_keys(store: Store) -> dict[int, str | None]:
+    async with store.connection() as connection:
+        rows = await connection.fetch("SELECT id, fair_key FROM agora.jobs")
+    return {row["id"]: row["fair_key"] for row in rows}
+
+
+async def test_a_job_gets_its_key_at_insert_or_when_its_kind_is_declared(queue: Queue, store: Store) -> None:
+    early = await queue.enqueue("mail", {"tenant": "t1"})
+    assert (await _fair_keys(store))[early.id] is None  # no worker declared the kind yet
+    await store.jobs.declare_limits({"mail": KindLimit(fair_by="tenant"), "report": KindLimit(2, "site")})
+    one = await queue.enqueue("mail", {"tenant": "t2"})
+    batch = await queue.enqueue_many([JobSpec("mail", {"tenant": "t3"}), JobSpec("report", {"site": "s1"}),
+                                      JobSpec("mail", {}), JobSpec("plain", {"tenant": "t4"})])
+    keys = await _fair_keys(store)
+    assert keys[early.id] == "t1" and keys[one.id] == "t2"  # the declaration keyed the waiting job
+    assert [keys[job.id] for job in batch] == ["t3", "s1", None, None]  # limit_by keys too; no field, no key
+    assert await _limits(store) == {"mail": (None, None), "report": (2, "site")}
+
+
+async def test_a_claim_takes_one_job_per_key_in_turn(queue: Queue, store: Store) -> None:
+    await store.jobs.declare_limits({"mail": KindLimit(fair_by="tenant")})
+    await queue.enqueue_many([JobSpec("mail", {"tenant": "big"}) for _ in range(500)])
+    await queue.enqueue_many([JobSpec("mail", {"tenant": f"small{n}"}) for n in range(6) for _ in range(2)])
+    cursor = None
+    served: list[list[str]] = []
+    for _ in range(4):
+        jobs, cursor = await store.jobs.claim_limited(["default"], 4, "w", 30, ["mail"], scan=100, after_key=cursor)
+        served.append(sorted(job.payload["tenant"] for job in jobs))
+    # seven keys, four at a time, from the key after the last one served: the big tenant
+    # gets one turn in seven; once the small ones have no job left, the slots are its
+    assert served == [["big", "small0", "small1", "small2"], ["big", "small3", "small4", "small5"],
+                      ["small0", "small1", "small2", "small3"], ["big", "big", "small4", "small5"]]
+
+
+async def test_fewer_keys_than_slots_take_several_jobs_of_each(queue: Queue, store: Store) -> None:
+    await store.jobs.declare_limits({"mail": KindLimit(fair_by="tenant")})
+    await queue.enqueue_many([JobSpec("mail", {"tenant": tenant}) for tenant in ("a", "b") for _ in range(10)])
+    jobs, cursor = await store.jobs.claim_limited(["default"], 7, "w", 30, ["mail"], scan=100)
+    assert Counter(job.payload["tenant"] for job in jobs) == {"a": 4, "b": 3} or \
+        Counter(job.payload["tenant"] for job in jobs) == {"a": 3, "b": 4}
+    assert cursor in ("a", "b")
+
+
+async def test_a_per_key_limit_does_not_block_at_the_head_of_the_queue(queue: Queue, store: Store) -> None:
+    await store.jobs.declare_limits({"mail": KindLimit(2, "customer")})
+    await queue.enqueue_many([JobSpec("mail", {"customer": "busy"}) for _ in range(1000)])
+    await queue.enqueue("mail", {"customer": "quiet"})
+    jobs = await _claimed(store, ["default"], 10, "w", 30, ["mail"], scan=100)
+    # the first 100 jobs are all of "busy", which is full at 2: "quiet" is found by its key
+    assert Counter(job.payload["customer"] for job in jobs) == {"busy": 2, "quiet": 1}
+
+
+async def test_small_tenants_finish_soon_beside_one_with_100000_jobs(
+    queue: Queue, store: Store, settings: Settings
+) -> None:
+    handlers = Handlers()
+
+    @handlers.kind("send", fair_by="tenant")
+    async def send(job: object, resources: object) -> None:
+        await asyncio.sleep(0.01)
+
+    await queue.enqueue_many([JobSpec("send", {"tenant": "huge"}) for _ in range(100_000)])
+    async with running(Worker(handlers, settings=settings.replace(concurrency=10))):
+        async def huge_running() -> bool:
+            async with store.connection() as connection:
+                return bool(await connection.fetchval("SELECT count(*) FROM agora.jobs WHERE status = 'done'"))
+
+        await wait_until(huge_running, timeout=30)
+        small = await queue.enqueue_many(
+            [JobSpec("send", {"tenant": f"small{n}"}) for n in range(10) for _ in range(10)])
+
+        async def small_done() -> bool:
+            async with store.connection() as connection:
+                return bool(await connection.fetchval(
+                    "SELECT count(*) = 100 FROM agora.jobs WHERE id = ANY($1::bigint[]) AND status = 'done'",
+                    [job.id for job in small]))
+
+        await wait_until(small_done, timeout=30)
+    async with store.connection() as connection:
+        waits = await connection.fetch(
+            "SELECT payload->>'tenant' AS tenant, max(extract(epoch FROM finished_at - created_at)) AS longest "
+            "FROM agora.jobs WHERE id = ANY($1::bigint[]) GROUP BY 1", [job.id for job in small])
+        huge_done = await connection.fetchval("SELECT count(*) FROM agora.jobs WHERE payload->>'tenant' = 'huge' "
+                                              "AND status = 'done'")
+    assert len(waits) == 10
+    assert all(row["longest"] < 2.0 for row in waits), {row["tenant"]: row["longest"] for row in waits}
+    assert huge_done < 90_000  # (the huge tenant was still being served)

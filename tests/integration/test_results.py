@@ -4,8 +4,10 @@ and returned by ``Queue.wait``; jobs that end without one make ``wait`` raise.""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -33,7 +35,17 @@ async def nothing(job: Job, resources: Any) -> None:
 
 
 async def not_json(job: Job, resources: Any) -> object:
-    return {1, 2}  # a set: JSON cannot hold it
+    return object()  # JSON cannot hold it
+
+
+@dataclasses.dataclass
+class Receipt:
+    sent_to: str
+    at: datetime
+
+
+async def typed(job: Job, resources: Any) -> Receipt:
+    return Receipt("ada@example.com", datetime(2026, 12, 6, 9, 30, tzinfo=UTC))
 
 
 async def nul_text(job: Job, resources: Any) -> str:
@@ -59,7 +71,7 @@ async def flaky(job: Job, resources: Any) -> str:
 
 
 HANDLERS = {"add": add, "words": words, "nothing": nothing, "not_json": not_json, "nul_text": nul_text,
-            "refuse": refuse, "long": long, "flaky": flaky}
+            "typed": typed, "refuse": refuse, "long": long, "flaky": flaky}
 
 
 async def test_a_returned_value_is_the_result_wait_returns_and_get_job_shows(
@@ -80,6 +92,16 @@ async def test_a_returned_value_is_the_result_wait_returns_and_get_job_shows(
     assert body["result"] == {"sum": 3} and body["runs"][0]["result"] == {"sum": 3}
 
 
+async def test_a_dataclass_result_is_stored_as_an_object(
+    queue: Queue, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="agora_pg")
+    job = await queue.enqueue("typed")
+    async with running(Worker(HANDLERS, settings=settings)):
+        assert await queue.wait(job.id, timeout=10) == {"sent_to": "ada@example.com", "at": "2026-12-06T09:30:00Z"}
+    assert "not stored" not in caplog.text
+
+
 async def test_a_result_json_cannot_hold_is_not_stored_and_the_job_still_succeeds(
     queue: Queue, store: Store, settings: Settings, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -90,7 +112,7 @@ async def test_a_result_json_cannot_hold_is_not_stored_and_the_job_still_succeed
         assert await queue.wait(odd.id, timeout=10) is None
         assert await queue.wait(nul.id, timeout=10) is None
     assert (await queue.get(odd.id)).status is JobStatus.DONE
-    assert "the handler's result (set) is not stored" in caplog.text
+    assert "the handler's result (object) is not stored" in caplog.text
     assert "the handler's result is not stored: it holds a NUL character" in caplog.text
 
 

@@ -3,6 +3,7 @@ caller's psycopg / SQLAlchemy transaction."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -13,8 +14,12 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.orm import Session
 
-from agora_pg import DatabaseUnavailable, InvalidJob, JobSpec, JobStatus, Queue, SchemaNotReady, SyncQueue
+from agora_pg import (DatabaseUnavailable, InvalidJob, Job, JobSpec, JobStatus, Queue, SchemaNotReady, SyncQueue,
+                      Worker)
+from agora_pg.errors import InvalidTransition, JobFailed, JobNotFound
 from agora_pg.settings import Settings
+
+from .helpers import running
 
 
 @pytest.fixture
@@ -163,3 +168,26 @@ def test_threads_share_one_sync_queue(sync_queue: SyncQueue, database_url: str) 
     assert errors == []
     assert len(set(ids)) == 400
     assert _count(database_url) == 400
+
+
+async def test_sync_code_can_get_wait_for_and_cancel_a_job(sync_queue: SyncQueue, settings: Settings) -> None:
+    async def add(job: Job, resources: object) -> dict[str, int]:
+        return {"sum": job.payload["a"] + job.payload["b"]}
+
+    summed = sync_queue.enqueue("add", {"a": 2, "b": 3})
+    assert sync_queue.get(summed.id) == summed
+    with pytest.raises(TimeoutError, match=f"job {summed.id} did not finish within 0.2s \\(it is pending\\)"):
+        sync_queue.wait(summed.id, timeout=0.2)  # no worker yet: left as it is
+    async with running(Worker({"add": add}, settings=settings)):
+        # (a Django view would call it as is; here a thread keeps the worker's loop free)
+        assert await asyncio.to_thread(sync_queue.wait, summed.id, timeout=10) == {"sum": 5}
+    assert sync_queue.get(summed.id).status is JobStatus.DONE
+    waiting = sync_queue.enqueue("add", {"a": 1, "b": 1})
+    cancelled = sync_queue.cancel(waiting.id)
+    assert cancelled.status is JobStatus.CANCELLED
+    with pytest.raises(JobFailed, match=f"job {waiting.id} cancelled"):
+        sync_queue.wait(waiting.id, timeout=5)
+    with pytest.raises(InvalidTransition):
+        sync_queue.cancel(waiting.id)
+    with pytest.raises(JobNotFound):
+        sync_queue.get(10**12)

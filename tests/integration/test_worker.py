@@ -53,6 +53,22 @@ async def test_worker_runs_a_job_to_done_with_resources(queue: Queue, store: Sto
     assert await runs_of(store, job.id) == [(1, "succeeded", None)]
 
 
+async def test_a_worker_given_queues_in_code_claims_only_those(queue: Queue, store: Store, settings: Settings) -> None:
+    async def noop(job: Job, resources: Any) -> None:
+        return None
+
+    mail = await queue.enqueue("noop", {}, queue="mail")
+    other = await queue.enqueue("noop", {})
+    async with running(Worker({"noop": noop}, settings=settings, queues=["mail"], concurrency=2)):
+        await wait_until(lambda: _is(store, mail.id, JobStatus.DONE))
+    assert await job_status(store, other.id) is JobStatus.PENDING
+    for bad in ("mail", [], [""], [3]):
+        with pytest.raises(ValueError, match=r"queues takes a list of queue names, such as \['default', 'mail'\]"):
+            Worker({"noop": noop}, queues=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="concurrency must be a whole number >= 1, got 0"):
+        Worker({"noop": noop}, concurrency=0)
+
+
 async def _is(store: Store, job_id: int, status: JobStatus) -> bool:
     return await job_status(store, job_id) is status
 
@@ -60,6 +76,42 @@ async def _is(store: Store, job_id: int, status: JobStatus) -> bool:
 def attempt_of(job: Job) -> Attempt:
     """A claimed job as the worker holds it, with no handler."""
     return Attempt(job, None, False, KindOptions(), None)
+
+
+async def test_an_outcome_written_again_after_a_lost_reply_is_no_takeover(
+    queue: Queue, store: Store, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A write whose commit landed but whose reply was lost (cut off at shutdown, or by the
+    network) is written again and fenced: the outcome is recorded, so no warning that
+    another worker took the attempt over; a real takeover still warns."""
+    completer = Completer(store, "w", settings, None, random.Random(0))
+    done_job, failed_job, taken_job = [await queue.enqueue("k") for _ in range(3)]
+    claimed = {job.id: job for job in await store.jobs.claim(["default"], 3, "w", 30)}
+    assert set(claimed) == {done_job.id, failed_job.id, taken_job.id}
+    # the first writes committed (their replies never came back)
+    await store.jobs.complete_succeeded([(done_job.id, 1)], "w")
+    failure = outcome_of(ValueError("bad"))
+    first = Completer(store, "w", settings, None, random.Random(0))
+    lost_reply = attempt_of(claimed[failed_job.id])
+    lost_reply.outcome = failure
+    first.add(lost_reply)
+    assert (await first.flush_once()).written == 1
+    # the third was taken over: rescued, claimed and finished by another worker
+    async with store.connection() as connection:
+        await connection.execute("UPDATE agora.jobs SET status = 'pending', locked_by = NULL, started_at = NULL, "
+                                 "lease_expires_at = NULL WHERE id = $1", taken_job.id)
+    [again] = await store.jobs.claim(["default"], 1, "other", 30)
+    await store.jobs.complete_succeeded([(again.id, again.attempt)], "other")
+    success = outcome_of(None)
+    for job_id, outcome in ((done_job.id, success), (failed_job.id, failure), (taken_job.id, success)):
+        attempt = attempt_of(claimed[job_id])
+        attempt.outcome = outcome
+        completer.add(attempt)
+    with caplog.at_level("WARNING", logger="agora_pg"):
+        result = await completer.flush_once()
+    assert (result.written, result.superseded) == (2, [taken_job.id])
+    [warning] = [record.getMessage() for record in caplog.records if "taken over" in record.getMessage()]
+    assert f"job {taken_job.id}" in warning or str(taken_job.id) in warning
 
 
 async def test_retries_to_exhaustion_step_by_step(queue: Queue, store: Store, settings: Settings) -> None:
@@ -132,16 +184,23 @@ async def test_null_max_retries_takes_the_worker_setting(store: Store, settings:
     assert (final.max_retries, final.status) == (1, JobStatus.FAILED)
 
 
-async def test_handler_chosen_retry_delay(queue: Queue, store: Store, settings: Settings) -> None:
+async def test_handler_chosen_retry_delay(
+    queue: Queue, store: Store, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
     async def later(job: Job, resources: Any) -> None:
         raise Retry(3600, "rate limited")
 
     job = await queue.enqueue("later")
-    async with running(Worker({"later": later}, settings=settings)):
-        await wait_until(lambda: _retry_count_is(store, job.id, 1))
+    with caplog.at_level("INFO", logger="agora_pg"):
+        async with running(Worker({"later": later}, settings=settings)):
+            await wait_until(lambda: _retry_count_is(store, job.id, 1))
     final = await store.jobs.get(job.id)
     assert final.error_message == "Retry: rate limited"
     assert final.run_at > datetime.now(UTC) + timedelta(minutes=59)
+    # a planned retry is one line in the log, without a traceback
+    [line] = [record for record in caplog.records if "retried" in record.getMessage()]
+    assert line.getMessage().endswith("asked to be retried in 3600s: Retry: rate limited")
+    assert "Traceback" not in caplog.text
 
 
 async def test_unknown_kind_fails_with_a_clear_message(queue: Queue, store: Store, settings: Settings) -> None:

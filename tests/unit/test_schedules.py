@@ -70,10 +70,15 @@ def test_cron_missed_ticks_are_not_replayed() -> None:
 @pytest.mark.parametrize(
     ("expression", "timezone", "message"),
     [
-        ("61 * * * *", "UTC", "5-field cron expression"),
-        ("* * *", "UTC", "5-field cron expression"),
-        ("0 0 * * * *", "UTC", "5-field cron expression"),
-        ("every hour", "UTC", "5-field cron expression"),
+        ("61 * * * *", "UTC", r"the minute field '61' is not valid: it takes 0-59"),
+        ("0 25 * * *", "UTC", r"the hour field '25' is not valid: it takes 0-23"),
+        ("0 0 32 * *", "UTC", r"the day of month field '32' is not valid: it takes 1-31"),
+        ("0 0 * 13 *", "UTC", r"the month field '13' is not valid: it takes 1-12 or JAN-DEC"),
+        ("0 0 * * 9", "UTC", r"the day of week field '9' is not valid: it takes 0-6 or SUN-SAT"),
+        ("*/0 * * * *", "UTC", r"the minute field '\*/0' is not valid"),
+        ("* * *", "UTC", r"expected 5 fields \(minute hour day-of-month month day-of-week\).*got 3"),
+        ("0 0 * * * *", "UTC", r"expected 5 fields .*got 6"),
+        ("every hour", "UTC", r"expected 5 fields .*got 2"),
         ("0 * * * *", "Mars/Olympus", "unknown time zone"),
     ],
 )
