@@ -53,6 +53,7 @@ class Settings:
     api_max_connections: int = 1000
     api_read_timeout: float = 10.0
     api_keep_alive_seconds: int = 5
+    api_refuse_unknown_kinds: bool = False
     health_port: int | None = None
     health_host: str | None = None
     health_error_details: bool = False
@@ -133,6 +134,7 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         api_max_connections=_int(env, "AGORA_PG_API_MAX_CONNECTIONS", defaults.api_max_connections),
         api_read_timeout=_float(env, "AGORA_PG_API_READ_TIMEOUT", defaults.api_read_timeout),
         api_keep_alive_seconds=_int(env, "AGORA_PG_API_KEEP_ALIVE_SECONDS", defaults.api_keep_alive_seconds),
+        api_refuse_unknown_kinds=_bool(env, "AGORA_PG_API_REFUSE_UNKNOWN_KINDS", defaults.api_refuse_unknown_kinds),
         api_allowed_origins=tuple(part.strip() for part in env.get("AGORA_PG_API_ALLOWED_ORIGINS", "").split(",")
                                   if part.strip()),
         health_port=_int(env, "WORKER_HEALTH_PORT", -1) if env.get("WORKER_HEALTH_PORT", "").strip() else None,
@@ -187,6 +189,9 @@ VARIABLES: tuple[Variable, ...] = (
              "authentication and answers only this machine"),
     Variable(("AGORA_PG_API_MAX_PAYLOAD_BYTES",), "1048576",
              "largest job payload `POST /jobs` accepts, as JSON (413 above it)"),
+    Variable(("AGORA_PG_API_REFUSE_UNKNOWN_KINDS",), "`off`",
+             "`on`: `POST /jobs` answers 400 for a kind the API's worker module (`--module`) does not register, "
+             "instead of storing a job no worker may handle"),
     Variable(("AGORA_PG_API_ALLOWED_ORIGINS",), "none",
              "comma-separated origins (`http://localhost:3000`) whose pages may call an API that has no "
              "token; others get 403"),

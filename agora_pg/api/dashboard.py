@@ -27,13 +27,13 @@ from agora_pg.api import params
 from agora_pg.api.auth import PUBLIC
 from agora_pg.db import queries
 from agora_pg.db.store import Store
+from agora_pg.db.worker_table import WORKER_ALIVE_SECONDS
 from agora_pg.errors import InvalidArgument, JobNotFound
-from agora_pg.jobs import JobStatus
+from agora_pg.jobs import Job, JobStatus
 from agora_pg.schedules import describe_spec
 
 TEMPLATES = Path(__file__).parent / "templates"
 STATIC = Path(__file__).parent / "static" / "dashboard"
-WORKER_ALIVE_SECONDS = 60  # a worker without a heartbeat for this long is not listed as alive
 TIMELINE_RUNS = 20
 PAGE_SIZE = 50
 STATUSES = [status.value for status in JobStatus]
@@ -49,7 +49,9 @@ def static_files() -> Any:
                                       opt={PUBLIC: True})
 
 
-def _page(page: str, heading: str, fragment: str, filters: bool = False) -> Template:
+def _page(page: str, heading: str, fragment: str, filters: dict[str, str] | None = None) -> Template:
+    """A page shell; ``filters``: the job list's filter form, filled from the page's URL
+    (so that a filtered view can be bookmarked and shared)."""
     return Template("page.html", context={
         "page": page, "title": heading, "heading": heading, "fragment": fragment,
         "filters": filters, "statuses": STATUSES,
@@ -67,8 +69,11 @@ class DashboardPages(Controller):
         return _page("overview", "Overview", "/ui/fragments/overview")
 
     @get("/ui/jobs")
-    async def jobs(self) -> Template:
-        return _page("jobs", "Jobs", "/ui/fragments/jobs", filters=True)
+    async def jobs(self, status: FromQuery[str | None] = None, kind: FromQuery[str | None] = None,
+                   queue: FromQuery[str | None] = None) -> Template:
+        values = {"status": status if status in STATUSES else "", "kind": (kind or "")[:200],
+                  "queue": (queue or "")[:200]}
+        return _page("jobs", "Jobs", "/ui/fragments/jobs", filters=values)
 
     @get("/ui/jobs/{job_id:str}")
     async def job(self, job_id: FromPath[str]) -> Template:
@@ -129,6 +134,7 @@ class DashboardFragments(Controller):
         next_cursor = params.next_cursor([job.id for job in jobs], PAGE_SIZE)
         return Template("fragments/jobs.html", context={
             "jobs": jobs, "next_cursor": next_cursor, "more": f"/ui/fragments/jobs?cursor={next_cursor}",
+            "state_of": state_text,
         })
 
     @get("/jobs/{job_id:int}")
@@ -138,8 +144,11 @@ class DashboardFragments(Controller):
         except JobNotFound:
             return Template("fragments/job.html", context={"job": None, "job_id": job_id})
         runs = await store.runs.of_job(job_id)
+        results = [run.result for run in runs if run.status == "succeeded"]
         return Template("fragments/job.html", context={
             "job": job, "runs": runs, "payload": json.dumps(job.payload, indent=2, ensure_ascii=False),
+            "state": state_text(job),
+            "result": json.dumps(results[-1], indent=2, ensure_ascii=False) if results else None,
         })
 
     @get("/schedules")
@@ -159,6 +168,14 @@ class DashboardFragments(Controller):
         return Template("fragments/dead_letters.html", context={
             "letters": letters, "pipelines": pipelines, "replayable": set(request.app.state.pipelines),
         })
+
+
+def state_text(job: Job) -> str:
+    """A job's status as the dashboard says it: a failed job that will be retried on its
+    own is "will retry", one that will not is "failed"."""
+    if job.status is JobStatus.FAILED and not job.is_finished:
+        return "will retry"
+    return job.status.value
 
 
 def age_text(seconds: float) -> str:

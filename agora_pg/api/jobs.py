@@ -17,6 +17,7 @@ from agora_pg.api import params
 from agora_pg.api.errors import PayloadTooLarge, check_json_body
 from agora_pg.api.schemas import JobCreate, JobOut, JobPage
 from agora_pg.db.store import Store
+from agora_pg.db.worker_table import WORKER_ALIVE_SECONDS
 from agora_pg.errors import InvalidJob
 from agora_pg.job_spec import JobSpec
 from agora_pg.jobs import JobStatus
@@ -45,17 +46,30 @@ class JobController(Controller):
         self, data: JSONBody[JobCreate], store: NamedDependency[Store], settings: NamedDependency[Settings],
         kinds: NamedDependency[KindTable],
     ) -> Response[JobOut]:
-        """Enqueue a job: 201 with the new job, or 200 with the live job holding its ``dedup_key``."""
+        """Enqueue a job: 201 with the new job, or 200 with the live job holding its ``dedup_key``.
+        ``warning`` says when no live worker of its queue handles its kind; with
+        ``AGORA_PG_API_REFUSE_UNKNOWN_KINDS=on``, a kind the API's worker module does not
+        register is refused (400)."""
         size = len(_encoded_payload(data.payload))
         if size > settings.api_max_payload_bytes:
             raise PayloadTooLarge(size, settings.api_max_payload_bytes)
+        if settings.api_refuse_unknown_kinds and kinds and data.kind not in kinds:
+            raise InvalidJob("kind", f"unknown kind {data.kind!r}: the worker module registers "
+                                     f"{', '.join(sorted(kinds))}")
         spec = JobSpec(
             kind=data.kind, payload=data.payload, name=data.name, queue=data.queue, priority=data.priority,
             run_at=data.run_at, max_retries=data.max_retries, dedup_key=data.dedup_key,
             timeout_seconds=data.timeout_seconds,
         )
         [(job, created)] = await store.jobs.enqueue(apply_kinds(kinds, [spec]), None, settings.max_retries)
-        return Response(JobOut.of(job), status_code=201 if created else 200)
+        out = JobOut.of(job)
+        if job.status is JobStatus.PENDING:
+            handled, live_kinds = await store.workers.live_handlers_of(job.kind, job.queue, WORKER_ALIVE_SECONDS)
+            if not handled:
+                out.warning = (f"no live worker of queue {job.queue!r} handles kind {job.kind!r}: the job waits "
+                               "until one does" + (f" (they handle {', '.join(live_kinds)})" if live_kinds else
+                                                   " (none is running)"))
+        return Response(out, status_code=201 if created else 200)
 
     @get("/")
     async def list_jobs(

@@ -94,6 +94,8 @@ class JobOut(msgspec.Struct, kw_only=True):
     progress: dict[str, Any] | None = None
     result: Any = None
     runs: list[RunOut] | None = None
+    # POST /jobs only: why the job may wait for ever (no live worker handles its kind)
+    warning: str | None = None
 
     @classmethod
     def of(cls, job: Job, runs: list[RunRow] | None = None) -> JobOut:

@@ -557,8 +557,20 @@ FROM rescued
 
 # Record a starting worker process ($4: the queues it claims).
 INSERT_WORKER = """
-INSERT INTO agora.workers (id, hostname, pid, queues) VALUES ($1, $2, $3, $4::text[])
-ON CONFLICT (id) DO UPDATE SET queues = EXCLUDED.queues
+INSERT INTO agora.workers (id, hostname, pid, queues, kinds) VALUES ($1, $2, $3, $4::text[], $5::text[])
+ON CONFLICT (id) DO UPDATE SET queues = EXCLUDED.queues, kinds = EXCLUDED.kinds
+"""
+
+# Whether a live worker (a heartbeat in the last $3 seconds, not stopped) handles kind $1
+# on queue $2 (one that does not say which kinds it handles counts), and the kinds the
+# live workers of that queue handle.
+LIVE_HANDLERS_OF = """
+SELECT coalesce(bool_or(w.kinds IS NULL OR $1 = ANY(w.kinds)), false) AS handled,
+       ARRAY(SELECT DISTINCT k FROM agora.workers AS v, unnest(v.kinds) AS k
+             WHERE v.stopped_at IS NULL AND v.last_heartbeat_at > now() - make_interval(secs => $3)
+               AND $2 = ANY(v.queues) ORDER BY k) AS kinds
+FROM agora.workers AS w
+WHERE w.stopped_at IS NULL AND w.last_heartbeat_at > now() - make_interval(secs => $3) AND $2 = ANY(w.queues)
 """
 
 # An attempt whose outcome its own worker has written (a rescue's row says

@@ -202,6 +202,7 @@ workers = Table(
     Column("last_heartbeat_at", DateTime(timezone=True), nullable=False, server_default=text("now()"), comment="Last sign of life."),
     Column("stopped_at", DateTime(timezone=True), nullable=True, comment="When the worker stopped cleanly; NULL while running or after a crash."),
     Column("lease_expires_at", DateTime(timezone=True), nullable=True, comment="Until when the worker's running jobs are its own (renewed by its lease supervisor); after this, other workers rescue them. NULL: the worker holds no worker lease."),
+    Column("kinds", ARRAY(Text), nullable=True, comment="The job kinds the worker handles; NULL: not known (a worker of an earlier version)."),
     comment="Worker processes and their heartbeats.",
 )
 

@@ -12,15 +12,27 @@ if TYPE_CHECKING:
     from agora_pg.db.store import Store
 
 
+# A worker without a heartbeat for this long is not counted as alive (the dashboard's
+# list, POST /jobs's warning).
+WORKER_ALIVE_SECONDS = 60
+
 class WorkerTable:
     """Reached as ``store.workers``; runs its statements through the Store's connections."""
 
     def __init__(self, store: Store) -> None:
         self._store = store
 
-    async def register(self, worker_id: str, hostname: str, pid: int, queues: Sequence[str]) -> None:
-        """Record a starting worker and the queues it claims."""
-        await self._store.execute(queries.INSERT_WORKER, worker_id, hostname, pid, list(queues))
+    async def register(self, worker_id: str, hostname: str, pid: int, queues: Sequence[str],
+                       kinds: Sequence[str] | None = None) -> None:
+        """Record a starting worker, the queues it claims and the kinds it handles."""
+        await self._store.execute(queries.INSERT_WORKER, worker_id, hostname, pid, list(queues),
+                                  None if kinds is None else sorted(kinds))
+
+    async def live_handlers_of(self, kind: str, queue: str, alive_seconds: float) -> tuple[bool, list[str]]:
+        """Whether a live worker of ``queue`` handles ``kind`` (a worker that does not say
+        which kinds it handles counts), and the kinds its live workers handle."""
+        [row] = await self._store.fetch(queries.LIVE_HANDLERS_OF, kind, queue, float(alive_seconds))
+        return bool(row["handled"]), list(row["kinds"])
 
     async def renew_leases(
         self,

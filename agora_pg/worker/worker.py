@@ -210,7 +210,8 @@ class _WorkerRun:
                    for kind, options in worker.kind_options.items()} if worker.claim_kinds is None else {})
 
         async def register() -> None:  # (both statements are idempotent: a retry runs both again)
-            await self.store.workers.register(worker.id, socket.gethostname(), os.getpid(), settings.queues)
+            await self.store.workers.register(worker.id, socket.gethostname(), os.getpid(), settings.queues,
+                                              self.known_kinds)
             if limits:
                 await self.store.jobs.declare_limits(limits)
 

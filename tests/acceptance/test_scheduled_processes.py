@@ -149,6 +149,9 @@ async def test_the_health_server_reports_error_types_on_loopback_and_metrics(
     port = free_port()
     pool = start_pool(processes, database_url, "--health-port", str(port), PIPELINE_FAIL="1", PIPELINE_BACKOFF="60")
     await eventually(lambda: _statuses_are(database_url, ["failed"]), 30, "the first failure")
+    # (the report reads the schedule row, which the run's end writes: wait for it, not for a moment)
+    await eventually(lambda: _reports_an_error(f"http://127.0.0.1:{port}/health", "last_error_type"), 30,
+                     "the failure in the health report")
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5) as client:
         report = (await client.get("/health")).json()["pipelines"]["acceptance"]
         assert report["last_error_type"] == "RuntimeError" and "last_error" not in report, report
@@ -176,8 +179,9 @@ async def test_the_health_server_reports_error_types_on_loopback_and_metrics(
     assert code == 0, output
 
 
-async def _reports_an_error(url: str) -> bool:
-    """The health report at ``url`` (with error details) holds the pipeline's last error."""
+async def _reports_an_error(url: str, field: str = "last_error") -> bool:
+    """The health report at ``url`` holds the pipeline's last error (``field``: its text,
+    shown with error details, or its type)."""
     import httpx
 
     try:
@@ -185,7 +189,7 @@ async def _reports_an_error(url: str) -> bool:
             report = (await client.get(url)).json()
     except (httpx.HTTPError, ValueError):
         return False
-    return bool(report.get("pipelines", {}).get("acceptance", {}).get("last_error"))
+    return bool(report.get("pipelines", {}).get("acceptance", {}).get(field))
 
 
 async def test_once_runs_at_each_launch_and_once_ever_with_a_key(

@@ -23,6 +23,7 @@ from agora_pg.runner import Schedule, ScheduledPipeline
 
 from .helpers import record_failure
 from agora_pg.settings import Settings
+from agora_pg.worker.handlers import Handlers
 
 TOKEN = "s3cret-token-0123456789"
 REPO = Path(__file__).resolve().parents[2]
@@ -522,3 +523,41 @@ async def test_the_documentation_page_loads_nothing_from_elsewhere(client: httpx
     script = await client.get(sources[0])
     assert script.status_code == 200 and script.headers["content-type"].startswith("text/javascript")
     assert hashlib.sha256(script.content).hexdigest() in (REPO / "agora_pg/api/static/redoc/README.md").read_text()
+
+
+async def test_a_job_no_live_worker_handles_comes_back_with_a_warning(
+    client: httpx.AsyncClient, store: Store, settings: Settings
+) -> None:
+    alone = (await client.post("/jobs", json={"kind": "echo"})).json()
+    assert alone["warning"] == ("no live worker of queue 'default' handles kind 'echo': the job waits until one "
+                                "does (none is running)")
+    await store.workers.register("w-echo", "host", 1, ["default"], ["echo", "add"])
+    typo = (await client.post("/jobs", json={"kind": "ecoh"})).json()
+    assert typo["warning"] == ("no live worker of queue 'default' handles kind 'ecoh': the job waits until one "
+                               "does (they handle add, echo)")
+    assert typo["status"] == "pending"  # stored all the same: a worker may come that handles it
+    assert (await client.post("/jobs", json={"kind": "echo"})).json()["warning"] is None
+    other_queue = (await client.post("/jobs", json={"kind": "echo", "queue": "mail"})).json()
+    assert "of queue 'mail'" in other_queue["warning"]
+    await store.workers.register("w-old", "host", 2, ["default"])  # a worker that does not say: it counts
+    assert (await client.post("/jobs", json={"kind": "ecoh"})).json()["warning"] is None
+
+
+async def test_unknown_kinds_are_refused_when_asked_and_the_kinds_are_known(settings: Settings, store: Store) -> None:
+    handlers = Handlers()
+
+    @handlers.kind("echo")
+    async def echo(job: object, resources: object) -> None: ...
+
+    app = create_app(settings.replace(api_refuse_unknown_kinds=True), handlers=handlers)
+    async with AsyncTestClient(app=app, base_url="http://api.localhost:8000") as client:
+        refused = await client.post("/jobs", json={"kind": "ecoh"})
+        assert refused.status_code == 400, refused.text
+        assert "unknown kind 'ecoh': the worker module registers echo" in refused.text
+        assert (await client.post("/jobs", json={"kind": "echo"})).status_code == 201
+    async with store.connection() as connection:
+        assert await connection.fetchval("SELECT count(*) FROM agora.jobs WHERE kind = 'ecoh'") == 0
+    # without the kinds, nothing can be refused: the setting alone changes nothing
+    async with AsyncTestClient(app=create_app(settings.replace(api_refuse_unknown_kinds=True)),
+                               base_url="http://api.localhost:8000") as client:
+        assert (await client.post("/jobs", json={"kind": "ecoh"})).status_code == 201

@@ -160,3 +160,40 @@ async def test_dead_letters_replay_through_the_api_and_the_dashboard(
 def test_a_bad_pipelines_config_stops_the_api_with_its_name(settings: Settings, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="AGORA_PG_PIPELINES_CONFIG: cannot read"):
         create_app(settings.replace(pipelines_config=tmp_path / "missing.toml"))
+
+
+async def test_a_jobs_page_shows_its_result_times_and_whether_it_will_retry(
+    client: httpx.AsyncClient, queue: Queue, store: Store
+) -> None:
+    done = await queue.enqueue("add", {"a": 1}, name="monthly total")
+    [claimed] = await store.jobs.claim(["default"], 1, "w-dash", 30)
+    await store.jobs.complete_succeeded([(claimed.id, claimed.attempt)], "w-dash", {done.id: '{"sum": 3}'})
+    page = (await client.get(f"/ui/fragments/jobs/{done.id}")).text
+    assert "<dt>Name</dt><dd>monthly total</dd>" in page
+    assert "<h2>Result</h2>" in page and "&#34;sum&#34;: 3" in page
+    for fact in ("Created", "Started", "Finished"):
+        assert f"<dt>{fact}</dt>" in page, fact
+    assert "<dt>Due</dt>" not in page  # a finished job is due nowhere
+
+    retrying = await queue.enqueue("report", max_retries=3)
+    [claimed] = await store.jobs.claim(["default"], 1, "w-dash", 30)
+    await record_failure(store, retrying.id, claimed.attempt, "w-dash", "ValueError: once", delay=60)
+    dead = await queue.enqueue("report", max_retries=0)
+    [claimed] = await store.jobs.claim(["default"], 1, "w-dash", 30)
+    await record_failure(store, dead.id, claimed.attempt, "w-dash", "ValueError: for good")
+    page = (await client.get(f"/ui/fragments/jobs/{retrying.id}")).text
+    assert ">will retry</span>" in page and "<dt>Due</dt>" in page
+    assert "1: 1 failed; retried on its own while fewer than 3 failed" in page
+    page = (await client.get(f"/ui/fragments/jobs/{dead.id}")).text
+    assert ">failed</span>" in page and "<dt>Due</dt>" not in page
+    listed = (await client.get("/ui/fragments/jobs", params={"status": "failed"})).text
+    assert listed.count(">will retry</span>") == 1 and listed.count(">failed</span>") == 1
+
+
+async def test_the_job_lists_filters_come_from_its_url(client: httpx.AsyncClient) -> None:
+    page = (await client.get("/ui/jobs", params={"status": "failed", "kind": "report", "queue": "mail"})).text
+    assert '<option value="failed" selected>failed</option>' in page
+    assert 'name="kind" type="text" size="16" value="report"' in page
+    assert 'name="queue" type="text" size="12" value="mail"' in page
+    plain = (await client.get("/ui/jobs", params={"status": "exploded"})).text  # ignored, not an error page
+    assert " selected>" not in plain

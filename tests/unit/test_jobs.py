@@ -43,6 +43,7 @@ def test_the_job_is_declared_once_and_its_row_and_api_body_carry_every_field() -
     from agora_pg.db.tables import jobs
 
     assert JOB_FIELDS[:3] == ("id", "name", "kind") and len(JOB_FIELDS) == len(set(JOB_FIELDS))
-    assert JobOut.__struct_fields__ == (*JOB_FIELDS, "result", "runs")  # the API adds what a GET finds
+    # the API adds what a GET finds, and what a POST warns of
+    assert JobOut.__struct_fields__ == (*JOB_FIELDS, "result", "runs", "warning")
     assert set(JOB_FIELDS) <= {column.name for column in jobs.columns}
     assert [part.split(" AS ")[-1].strip() for part in queries.JOB_COLUMNS.split(",")] == list(JOB_FIELDS)

@@ -120,6 +120,15 @@
     document.body.addEventListener("htmx:configRequest", function (event) {
       Object.assign(event.detail.headers, headers());
     });
+    var filters = document.getElementById("filters");
+    if (filters) {  // the page's URL follows its filters: a filtered view can be bookmarked and shared
+      filters.addEventListener("change", function () {
+        var query = new URLSearchParams();
+        new FormData(filters).forEach(function (value, name) { if (value) { query.set(name, value); } });
+        var search = query.toString();
+        history.replaceState(null, "", filters.dataset.pageUrl + (search ? "?" + search : ""));
+      });
+    }
     document.body.addEventListener("htmx:afterSwap", function (event) {
       event.detail.target.removeAttribute("aria-busy");
       drawCharts(event.detail.target);
