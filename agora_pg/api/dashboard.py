@@ -70,9 +70,9 @@ class DashboardPages(Controller):
 
     @get("/ui/jobs")
     async def jobs(self, status: FromQuery[str | None] = None, kind: FromQuery[str | None] = None,
-                   queue: FromQuery[str | None] = None) -> Template:
+                   queue: FromQuery[str | None] = None, search: FromQuery[str | None] = None) -> Template:
         values = {"status": status if status in STATUSES else "", "kind": (kind or "")[:200],
-                  "queue": (queue or "")[:200]}
+                  "queue": (queue or "")[:200], "search": (search or "")[:200]}
         return _page("jobs", "Jobs", "/ui/fragments/jobs", filters=values)
 
     @get("/ui/jobs/{job_id:str}")
@@ -120,7 +120,7 @@ class DashboardFragments(Controller):
     @get("/jobs")
     async def jobs(
         self, store: NamedDependency[Store], status: FromQuery[str | None] = None, kind: FromQuery[str | None] = None,
-        queue: FromQuery[str | None] = None, cursor: FromQuery[str | None] = None,
+        queue: FromQuery[str | None] = None, cursor: FromQuery[str | None] = None, search: FromQuery[str | None] = None,
     ) -> Template:
         if status and status not in STATUSES:
             raise InvalidArgument("status", f"must be one of {', '.join(STATUSES)}")
@@ -128,6 +128,7 @@ class DashboardFragments(Controller):
             "status": status or None,
             "kind": params.text_filter("kind", kind or None),
             "queue": params.text_filter("queue", queue or None),
+            "search": params.text_filter("search", (search or "").strip() or None),
             "before_id": params.cursor_id(cursor or None),
         }
         jobs = await store.jobs.search(filters, PAGE_SIZE)

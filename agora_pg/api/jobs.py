@@ -80,12 +80,15 @@ class JobController(Controller):
         queue: FromQuery[str | None] = None,
         limit: Annotated[int, QueryParameter(ge=1, le=params.MAX_LIMIT)] = params.DEFAULT_LIMIT,
         cursor: FromQuery[str | None] = None,
+        search: FromQuery[str | None] = None,
     ) -> JobPage:
-        """Jobs newest first, filtered by status, kind and queue; page on with ``cursor``."""
+        """Jobs newest first, filtered by status, kind and queue, and ``search``: a job id,
+        or text found in the kind, the name or the payload (any case); page on with ``cursor``."""
         filters = {
             "status": None if status is None else status.value,
             "kind": params.text_filter("kind", kind),
             "queue": params.text_filter("queue", queue),
+            "search": params.text_filter("search", search),
             "before_id": params.cursor_id(cursor),
         }
         jobs = await store.jobs.search(filters, params.page_limit(limit))

@@ -824,7 +824,12 @@ RUN_COLUMNS = (
 )
 
 # Filters a job listing may combine: each compares one column with one parameter.
-JOB_FILTERS = {"status": "status = {}", "kind": "kind = {}", "queue": "queue = {}", "before_id": "id < {}"}
+JOB_FILTERS = {
+    "status": "status = {0}", "kind": "kind = {0}", "queue": "queue = {0}", "before_id": "id < {0}",
+    # the id, or text in the kind, the name or the payload (any case); it reads rows newest
+    # first until a page is found: for the dashboard, not for a hot path
+    "search": "(id::text = {0} OR strpos(lower(kind || ' ' || name || ' ' || payload::text), lower({0})) > 0)",
+}
 
 # Filters a run listing may combine.
 RUN_FILTERS = {

@@ -105,6 +105,15 @@ async def test_the_dashboard_follows_jobs_and_schedules_live(database_url: str, 
             await expect(page.get_by_text("Workers alive")).to_be_visible()
             await page.screenshot(path=str(ARTEFACTS / "dashboard-overview.png"), full_page=True)
             assert errors == []
+
+            # On a phone (390 px wide) no page scrolls sideways.
+            phone = await browser.new_page(viewport={"width": 390, "height": 844})
+            for path in ("/", "/ui/jobs", f"/ui/jobs/{failing['id']}", "/ui/schedules", "/ui/dead-letters"):
+                await phone.goto(f"{base}{path}")
+                await expect(phone.locator("#content")).not_to_have_attribute("aria-busy", "true", timeout=STEP)
+                width = await phone.evaluate("document.documentElement.scrollWidth")
+                assert width <= 390, (path, width)
+            await phone.screenshot(path=str(ARTEFACTS / "dashboard-job-phone.png"), full_page=True)
         finally:
             await browser.close()
     code, output = stop(worker)

@@ -197,3 +197,23 @@ async def test_the_job_lists_filters_come_from_its_url(client: httpx.AsyncClient
     assert 'name="queue" type="text" size="12" value="mail"' in page
     plain = (await client.get("/ui/jobs", params={"status": "exploded"})).text  # ignored, not an error page
     assert " selected>" not in plain
+
+
+async def test_the_job_list_finds_a_job_by_id_or_by_text_in_its_kind_name_or_payload(
+    client: httpx.AsyncClient, queue: Queue
+) -> None:
+    invoice = await queue.enqueue("send_invoice", {"customer": "Ada Lovelace", "total": 12})
+    report = await queue.enqueue("report", {"month": "2026-11"}, name="November report")
+    found = {
+        term: (await client.get("/ui/fragments/jobs", params={"search": term})).text
+        for term in ("lovelace", "INVOICE", "november", str(report.id), "100%_")
+    }
+    assert f'href="/ui/jobs/{invoice.id}"' in found["lovelace"] and f'href="/ui/jobs/{report.id}"' not in found["lovelace"]
+    assert f'href="/ui/jobs/{invoice.id}"' in found["INVOICE"]
+    assert f'href="/ui/jobs/{report.id}"' in found["november"] and f'href="/ui/jobs/{invoice.id}"' not in found["november"]
+    assert f'href="/ui/jobs/{report.id}"' in found[str(report.id)]
+    assert "No job matches." in found["100%_"]  # (text, not a LIKE pattern)
+    over_http = (await client.get("/jobs", params={"search": "lovelace"})).json()
+    assert [job["id"] for job in over_http["items"]] == [invoice.id]
+    page = (await client.get("/ui/jobs", params={"search": "lovelace"})).text
+    assert 'name="search" type="search" size="20" value="lovelace"' in page
