@@ -9,6 +9,7 @@ the rest of the API (the page's script sends the token it keeps in the tab's
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -29,14 +30,15 @@ from agora_pg.db import queries
 from agora_pg.db.store import Store
 from agora_pg.db.worker_table import WORKER_ALIVE_SECONDS
 from agora_pg.errors import InvalidArgument, JobNotFound
-from agora_pg.jobs import Job, JobStatus
+from agora_pg.jobs import Job, JobStatus, RunStatus
 from agora_pg.schedules import describe_spec
 
 TEMPLATES = Path(__file__).parent / "templates"
 STATIC = Path(__file__).parent / "static" / "dashboard"
 TIMELINE_RUNS = 20
 PAGE_SIZE = 50
-STATUSES = [status.value for status in JobStatus]
+STATUSES = tuple(status.value for status in JobStatus)
+RUN_STATUSES = tuple(status.value for status in RunStatus)
 
 
 def template_config() -> TemplateConfig[JinjaTemplateEngine]:
@@ -49,12 +51,30 @@ def static_files() -> Any:
                                       opt={PUBLIC: True})
 
 
-def _page(page: str, heading: str, fragment: str, filters: dict[str, str] | None = None) -> Template:
-    """A page shell; ``filters``: the job list's filter form, filled from the page's URL
-    (so that a filtered view can be bookmarked and shared)."""
+@dataclasses.dataclass(frozen=True)
+class FilterField:
+    """One field of a list page's filter form: a choice among ``choices``, or text."""
+
+    name: str
+    label: str
+    value: str
+    choices: tuple[str, ...] = ()
+    type: str = "text"
+    size: int = 14
+    hint: str = ""
+
+
+def _filled(value: str | None, choices: tuple[str, ...] = ()) -> str:
+    """A filter's value from the page's URL (a choice it does not offer: none)."""
+    text = (value or "")[:200]
+    return text if not choices or text in choices else ""
+
+
+def _page(page: str, heading: str, fragment: str, filters: list[FilterField] | None = None) -> Template:
+    """A page shell; ``filters``: its list's filter form, filled from the page's URL (so
+    that a filtered view can be bookmarked and shared)."""
     return Template("page.html", context={
-        "page": page, "title": heading, "heading": heading, "fragment": fragment,
-        "filters": filters, "statuses": STATUSES,
+        "page": page, "title": heading, "heading": heading, "fragment": fragment, "filters": filters,
     })
 
 
@@ -71,9 +91,22 @@ class DashboardPages(Controller):
     @get("/ui/jobs")
     async def jobs(self, status: FromQuery[str | None] = None, kind: FromQuery[str | None] = None,
                    queue: FromQuery[str | None] = None, search: FromQuery[str | None] = None) -> Template:
-        values = {"status": status if status in STATUSES else "", "kind": (kind or "")[:200],
-                  "queue": (queue or "")[:200], "search": (search or "")[:200]}
-        return _page("jobs", "Jobs", "/ui/fragments/jobs", filters=values)
+        return _page("jobs", "Jobs", "/ui/fragments/jobs", filters=[
+            FilterField("status", "Status", _filled(status, STATUSES), STATUSES),
+            FilterField("kind", "Kind", _filled(kind), size=16),
+            FilterField("queue", "Queue", _filled(queue), size=12),
+            FilterField("search", "Search", _filled(search), type="search", size=20,
+                        hint="id, or text of kind, name, payload"),
+        ])
+
+    @get("/ui/runs")
+    async def runs(self, status: FromQuery[str | None] = None, pipeline_id: FromQuery[str | None] = None,
+                   job_id: FromQuery[str | None] = None) -> Template:
+        return _page("runs", "Runs", "/ui/fragments/runs", filters=[
+            FilterField("status", "Outcome", _filled(status, RUN_STATUSES), RUN_STATUSES),
+            FilterField("pipeline_id", "Pipeline", _filled(pipeline_id), size=16),
+            FilterField("job_id", "Job id", _filled(job_id), size=10),
+        ])
 
     @get("/ui/jobs/{job_id:str}")
     async def job(self, job_id: FromPath[str]) -> Template:
@@ -136,6 +169,26 @@ class DashboardFragments(Controller):
         return Template("fragments/jobs.html", context={
             "jobs": jobs, "next_cursor": next_cursor, "more": f"/ui/fragments/jobs?cursor={next_cursor}",
             "state_of": state_text,
+        })
+
+    @get("/runs")
+    async def runs(
+        self, store: NamedDependency[Store], status: FromQuery[str | None] = None,
+        pipeline_id: FromQuery[str | None] = None, job_id: FromQuery[str | None] = None,
+        cursor: FromQuery[str | None] = None,
+    ) -> Template:
+        if status and status not in RUN_STATUSES:
+            raise InvalidArgument("status", f"must be one of {', '.join(RUN_STATUSES)}")
+        filters = {
+            "pipeline_id": params.text_filter("pipeline_id", pipeline_id or None),
+            "job_id": params.job_id_filter(job_id or None),
+            "status": status or None,
+            "before_id": params.cursor_id(cursor or None),
+        }
+        runs = await store.runs.search(filters, PAGE_SIZE)
+        next_cursor = params.next_cursor([run.id for run in runs], PAGE_SIZE)
+        return Template("fragments/runs.html", context={
+            "runs": runs, "next_cursor": next_cursor, "more": f"/ui/fragments/runs?cursor={next_cursor}",
         })
 
     @get("/jobs/{job_id:int}")

@@ -108,7 +108,7 @@ async def test_the_dashboard_follows_jobs_and_schedules_live(database_url: str, 
 
             # On a phone (390 px wide) no page scrolls sideways.
             phone = await browser.new_page(viewport={"width": 390, "height": 844})
-            for path in ("/", "/ui/jobs", f"/ui/jobs/{failing['id']}", "/ui/schedules", "/ui/dead-letters"):
+            for path in ("/", "/ui/jobs", f"/ui/jobs/{failing['id']}", "/ui/runs", "/ui/schedules", "/ui/dead-letters"):
                 await phone.goto(f"{base}{path}")
                 await expect(phone.locator("#content")).not_to_have_attribute("aria-busy", "true", timeout=STEP)
                 width = await phone.evaluate("document.documentElement.scrollWidth")

@@ -36,7 +36,7 @@ async def client(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
 async def test_pages_are_shells_that_load_their_fragment(client: httpx.AsyncClient) -> None:
     for path, fragment in (("/", "/ui/fragments/overview"), ("/ui/jobs", "/ui/fragments/jobs"),
                            ("/ui/jobs/12", "/ui/fragments/jobs/12"), ("/ui/jobs/x", "/ui/fragments/jobs/0"),
-                           ("/ui/schedules", "/ui/fragments/schedules"),
+                           ("/ui/schedules", "/ui/fragments/schedules"), ("/ui/runs", "/ui/fragments/runs"),
                            ("/ui/dead-letters", "/ui/fragments/dead-letters")):
         page = await client.get(path)
         assert page.status_code == 200 and page.headers["content-type"].startswith("text/html"), path
@@ -217,3 +217,24 @@ async def test_the_job_list_finds_a_job_by_id_or_by_text_in_its_kind_name_or_pay
     assert [job["id"] for job in over_http["items"]] == [invoice.id]
     page = (await client.get("/ui/jobs", params={"search": "lovelace"})).text
     assert 'name="search" type="search" size="20" value="lovelace"' in page
+
+
+async def test_the_runs_page_lists_run_history_filtered_from_its_url(
+    client: httpx.AsyncClient, queue: Queue, store: Store
+) -> None:
+    ok = await queue.enqueue("add")
+    bad = await queue.enqueue("report", max_retries=0)
+    claimed = {job.id: job for job in await store.jobs.claim(["default"], 2, "w-dash", 30)}
+    await store.jobs.complete_succeeded([(ok.id, claimed[ok.id].attempt)], "w-dash")
+    await record_failure(store, bad.id, claimed[bad.id].attempt, "w-dash", "ValueError: broke")
+    every = (await client.get("/ui/fragments/runs")).text
+    assert f'href="/ui/jobs/{ok.id}"' in every and f'href="/ui/jobs/{bad.id}"' in every
+    failed = (await client.get("/ui/fragments/runs", params={"status": "failed"})).text
+    assert f'href="/ui/jobs/{bad.id}"' in failed and f'href="/ui/jobs/{ok.id}"' not in failed
+    assert "ValueError: broke" in failed
+    one = (await client.get("/ui/fragments/runs", params={"job_id": str(ok.id)})).text
+    assert f'href="/ui/jobs/{ok.id}"' in one and f'href="/ui/jobs/{bad.id}"' not in one
+    assert (await client.get("/ui/fragments/runs", params={"status": "exploded"})).status_code == 400
+    page = (await client.get("/ui/runs", params={"status": "failed", "job_id": "7"})).text
+    assert '<option value="failed" selected>failed</option>' in page and 'value="7"' in page
+    assert 'href="/ui/runs" aria-current="page"' in page
