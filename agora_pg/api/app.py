@@ -24,7 +24,7 @@ from agora_pg.api.dead_letters import replay
 from agora_pg.api.errors import error_response
 from agora_pg.api.events import stream_events
 from agora_pg.api.exposure import local_only
-from agora_pg.api.jobs import JobController
+from agora_pg.api.jobs import JobBulkController, JobController
 from agora_pg.api.probes import health, metrics, ready
 from agora_pg.api.runs import RunController
 from agora_pg.api.schedules import ScheduleController
@@ -66,7 +66,7 @@ def create_app(settings: Settings, *, allow_remote: bool = False, handlers: Any 
                 await store.close()
 
     app = Litestar(
-        route_handlers=[JobController, ScheduleController, RunController, stream_events, health, ready, metrics,
+        route_handlers=[JobController, JobBulkController, ScheduleController, RunController, stream_events, health, ready, metrics,
                         create_static_files_router("/schema/static", directories=[STATIC], include_in_schema=False,
                                                    opt={PUBLIC: True}),
                         DashboardPages, DashboardFragments, static_files(), replay],

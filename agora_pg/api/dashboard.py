@@ -13,6 +13,7 @@ import dataclasses
 import json
 import time
 from pathlib import Path
+from urllib.parse import urlencode
 from typing import Any
 
 from litestar import Controller, Request, get
@@ -166,9 +167,10 @@ class DashboardFragments(Controller):
         }
         jobs = await store.jobs.search(filters, PAGE_SIZE)
         next_cursor = params.next_cursor([job.id for job in jobs], PAGE_SIZE)
+        bulk = {name: value for name, value in filters.items() if value is not None and name != "before_id"}
         return Template("fragments/jobs.html", context={
             "jobs": jobs, "next_cursor": next_cursor, "more": f"/ui/fragments/jobs?cursor={next_cursor}",
-            "state_of": state_text,
+            "state_of": state_text, "bulk_query": urlencode(bulk),
         })
 
     @get("/runs")

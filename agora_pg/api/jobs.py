@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 import msgspec
@@ -18,7 +19,7 @@ from agora_pg.api.errors import PayloadTooLarge, check_json_body
 from agora_pg.api.schemas import JobCreate, JobOut, JobPage
 from agora_pg.db.store import Store
 from agora_pg.db.worker_table import WORKER_ALIVE_SECONDS
-from agora_pg.errors import InvalidJob
+from agora_pg.errors import InvalidJob, InvalidTransition, JobConflict, JobNotFound
 from agora_pg.job_spec import JobSpec
 from agora_pg.jobs import JobStatus
 from agora_pg.settings import Settings
@@ -111,6 +112,65 @@ class JobController(Controller):
         is stopped by its worker within about a second (it is returned still ``processing``,
         with ``cancel_requested_at`` set, and ends ``cancelled``). 409 for a finished job."""
         return JobOut.of(await store.jobs.cancel(job_id))
+
+
+class BulkResult(msgspec.Struct):
+    """What a bulk action did: the ids of the jobs it changed, and how many matching jobs
+    it left as they were (not in a state for it, or their dedup_key held by another job)."""
+
+    changed: list[int]
+    unchanged: int
+
+
+class JobBulkController(Controller):
+    """Retry or cancel every job of a filtered view at once (the filters of ``GET /jobs``)."""
+
+    path = "/jobs/bulk"
+    tags = ["jobs"]
+
+    @post("/retry", status_code=200)
+    async def retry_jobs(
+        self, store: NamedDependency[Store], status: FromQuery[JobStatus | None] = None,
+        kind: FromQuery[str | None] = None, queue: FromQuery[str | None] = None, search: FromQuery[str | None] = None,
+        limit: Annotated[int, QueryParameter(ge=1, le=params.MAX_LIMIT)] = params.MAX_LIMIT,
+    ) -> BulkResult:
+        """Retry the failed and cancelled jobs among the newest ``limit`` that match, each as
+        ``POST /jobs/{id}/retry`` would; the others are left alone."""
+        return await _each(store, _filters(status, kind, queue, search), limit, store.jobs.retry)
+
+    @post("/cancel", status_code=200)
+    async def cancel_jobs(
+        self, store: NamedDependency[Store], status: FromQuery[JobStatus | None] = None,
+        kind: FromQuery[str | None] = None, queue: FromQuery[str | None] = None, search: FromQuery[str | None] = None,
+        limit: Annotated[int, QueryParameter(ge=1, le=params.MAX_LIMIT)] = params.MAX_LIMIT,
+    ) -> BulkResult:
+        """Cancel the jobs still to run among the newest ``limit`` that match, each as
+        ``POST /jobs/{id}/cancel`` would; finished ones are left alone."""
+        return await _each(store, _filters(status, kind, queue, search), limit, store.jobs.cancel)
+
+
+def _filters(status: JobStatus | None, kind: str | None, queue: str | None, search: str | None) -> dict[str, Any]:
+    return {
+        "status": None if status is None else status.value,
+        "kind": params.text_filter("kind", kind),
+        "queue": params.text_filter("queue", queue),
+        "search": params.text_filter("search", search),
+    }
+
+
+async def _each(store: Store, filters: dict[str, Any], limit: int,
+                action: Callable[[int], Awaitable[object]]) -> BulkResult:
+    """``action`` on each matching job, one statement each (each fenced as a single call);
+    a job it does not apply to is counted, not an error."""
+    changed, unchanged = [], 0
+    for job in await store.jobs.search(filters, limit):
+        try:
+            await action(job.id)
+        except (InvalidTransition, JobConflict, JobNotFound):
+            unchanged += 1
+        else:
+            changed.append(job.id)
+    return BulkResult(changed, unchanged)
 
 
 def _encoded_payload(value: object) -> bytes:

@@ -19,6 +19,7 @@ from agora_pg.db.schedule_rows import ScheduleRegistration
 from agora_pg.db.store import Store
 from agora_pg.job_spec import JobSpec
 from agora_pg.jobs import Job
+from agora_pg.queue import Queue
 from agora_pg.runner import Schedule, ScheduledPipeline
 
 from .helpers import record_failure
@@ -561,3 +562,27 @@ async def test_unknown_kinds_are_refused_when_asked_and_the_kinds_are_known(sett
     async with AsyncTestClient(app=create_app(settings.replace(api_refuse_unknown_kinds=True)),
                                base_url="http://api.localhost:8000") as client:
         assert (await client.post("/jobs", json={"kind": "ecoh"})).status_code == 201
+
+
+async def test_bulk_retry_and_cancel_act_on_the_jobs_a_filter_matches(
+    client: httpx.AsyncClient, queue: Queue, store: Store
+) -> None:
+    failed = []
+    for n in range(3):
+        job = await queue.enqueue("report", {"n": n}, max_retries=0)
+        [claimed] = await store.jobs.claim(["default"], 1, "w1", 30)
+        await record_failure(store, claimed.id, claimed.attempt, "w1", "ValueError: broke")
+        failed.append(job.id)
+    other_kind = await queue.enqueue("mail", max_retries=0)
+    [claimed] = await store.jobs.claim(["default"], 1, "w1", 30)
+    await record_failure(store, claimed.id, claimed.attempt, "w1", "ValueError: broke")
+    waiting = await queue.enqueue("report", {"n": 9})
+    retried = (await client.post("/jobs/bulk/retry", params={"kind": "report"})).json()
+    assert sorted(retried["changed"]) == failed and retried["unchanged"] == 1  # the pending one: nothing to retry
+    assert (await store.jobs.get(other_kind.id)).status.value == "failed"  # another kind: untouched
+    assert [(await store.jobs.get(job_id)).status.value for job_id in failed] == ["pending"] * 3
+    cancelled = (await client.post("/jobs/bulk/cancel", params={"kind": "report", "search": "9"})).json()
+    assert cancelled == {"changed": [waiting.id], "unchanged": 0}
+    assert (await client.post("/jobs/bulk/retry", params={"status": "exploded"})).status_code == 400
+    listed = (await client.get("/ui/fragments/jobs", params={"status": "failed", "kind": "mail"})).text
+    assert 'hx-post="/jobs/bulk/retry?status=failed&amp;kind=mail"' in listed
