@@ -24,6 +24,7 @@ from agora_pg.api.dead_letters import replay
 from agora_pg.api.errors import error_response
 from agora_pg.api.events import stream_events
 from agora_pg.api.exposure import local_only
+from agora_pg.api.headers import security_headers
 from agora_pg.api.jobs import JobBulkController, JobController
 from agora_pg.api.probes import health, metrics, ready
 from agora_pg.api.runs import RunController
@@ -77,7 +78,7 @@ def create_app(settings: Settings, *, allow_remote: bool = False, handlers: Any 
             "kinds": Provide(lambda: kinds, sync_to_thread=False),
         },
         guards=[token_guard(settings.api_token)] if settings.api_token else [],
-        middleware=[] if settings.api_token else [local_only(allow_remote, settings.api_allowed_origins)],
+        middleware=[security_headers, *([] if settings.api_token else [local_only(allow_remote, settings.api_allowed_origins)])],
         exception_handlers={Exception: error_response},
         state=State({"schema_heads": migrate.head_revisions(), "pipelines": _replayable(settings)}),
         lifespan=[store_lifespan],

@@ -193,13 +193,16 @@ class DashboardFragments(Controller):
             "runs": runs, "next_cursor": next_cursor, "more": f"/ui/fragments/runs?cursor={next_cursor}",
         })
 
-    @get("/jobs/{job_id:int}")
-    async def job(self, store: NamedDependency[Store], job_id: FromPath[int]) -> Template:
+    @get("/jobs/{job_id:str}")
+    async def job(self, store: NamedDependency[Store], job_id: FromPath[str]) -> Template:
+        plain = params.plain_id(job_id)  # the API's rule: plain ASCII digits (not "٣", "+3" or "03")
+        if plain is None:
+            return Template("fragments/job.html", context={"job": None, "job_id": job_id[:40]})
         try:
-            job = await store.jobs.get(job_id)
+            job = await store.jobs.get(plain)
         except JobNotFound:
-            return Template("fragments/job.html", context={"job": None, "job_id": job_id})
-        runs = await store.runs.of_job(job_id)
+            return Template("fragments/job.html", context={"job": None, "job_id": plain})
+        runs = await store.runs.of_job(plain)
         results = [run.result for run in runs if run.status == "succeeded"]
         return Template("fragments/job.html", context={
             "job": job, "runs": runs, "payload": json.dumps(job.payload, indent=2, ensure_ascii=False),

@@ -11,6 +11,7 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 
+from agora_pg.api.headers import EVERY_ANSWER, FRAMES_NONE
 from agora_pg.api import params
 from agora_pg.api.schemas import ErrorBody
 from agora_pg.runner.adhoc import RunInFlight
@@ -146,6 +147,9 @@ def status_of(error: AgoraError) -> int:
     return 500
 
 
+_NO_FILE = "no file or directory match the path"  # the start of a static files router's 404
+
+
 def error_response(request: Request[Any, Any, Any], error: Exception) -> Response[ErrorBody]:
     """Map any exception a handler raised to a JSON ``ErrorBody``."""
     if isinstance(error, AgoraError):
@@ -153,12 +157,17 @@ def error_response(request: Request[Any, Any, Any], error: Exception) -> Respons
         body = ErrorBody(status, public_detail(error), getattr(error, "field", None))
     elif isinstance(error, ValidationException):
         body = _validation_body(error)
+    elif isinstance(error, HTTPException) and error.status_code == 404 and error.detail.startswith(_NO_FILE):
+        body = ErrorBody(404, "no such file")  # (Litestar's text names the install directory)
     elif isinstance(error, HTTPException):
         body = ErrorBody(error.status_code, _EXPLAINED.get(error.detail, error.detail))
     else:
         log.exception("unexpected error answering %s %s", request.method, request.url.path)
         body = ErrorBody(HTTP_500_INTERNAL_SERVER_ERROR, "internal error")
-    headers = getattr(error, "headers", None) or None
+    # (an answer for a path no route matches is made outside the middleware: it gets the
+    # security headers here)
+    headers = {**{name.decode(): value.decode() for name, value in EVERY_ANSWER},
+               "content-security-policy": FRAMES_NONE.decode(), **(getattr(error, "headers", None) or {})}
     return Response(body, status_code=body.status_code, headers=headers)
 
 

@@ -32,6 +32,9 @@ if CHROMIUM is None:
 from playwright.async_api import async_playwright, expect  # noqa: E402
 
 STEP = 20_000  # ms: each thing the page should show without a reload
+# Collects the page's Content-Security-Policy violations (what the policy blocked) from its start.
+CSP_WATCH = ("window.cspViolations = []; document.addEventListener('securitypolicyviolation', "
+             "e => window.cspViolations.push(e.violatedDirective + ' ' + e.blockedURI));")
 
 
 @pytest.mark.one_lane
@@ -49,6 +52,7 @@ async def test_the_dashboard_follows_jobs_and_schedules_live(database_url: str, 
             page = await browser.new_page(viewport={"width": 1366, "height": 900})
             errors: list[str] = []
             page.on("pageerror", lambda error: errors.append(str(error)))
+            await page.add_init_script(CSP_WATCH)
 
             # The job list: a job submitted over HTTP appears and turns done, with no reload.
             await page.goto(f"{base}/ui/jobs")
@@ -105,6 +109,10 @@ async def test_the_dashboard_follows_jobs_and_schedules_live(database_url: str, 
             await expect(page.get_by_text("Workers alive")).to_be_visible()
             await page.screenshot(path=str(ARTEFACTS / "dashboard-overview.png"), full_page=True)
             assert errors == []
+            for path in ("/ui/jobs", f"/ui/jobs/{failing['id']}", "/ui/runs", "/ui/schedules", "/ui/dead-letters", "/"):
+                await page.goto(f"{base}{path}")
+                await expect(page.locator("#content")).not_to_have_attribute("aria-busy", "true", timeout=STEP)
+                assert await page.evaluate("window.cspViolations") == [], path  # the policy blocks nothing of ours
 
             # On a phone (390 px wide) no page scrolls sideways.
             phone = await browser.new_page(viewport={"width": 390, "height": 844})
@@ -118,6 +126,33 @@ async def test_the_dashboard_follows_jobs_and_schedules_live(database_url: str, 
             await browser.close()
     code, output = stop(worker)
     assert code == 0, output
+    code, output = stop(api)
+    assert code == 0, output
+
+
+@pytest.mark.one_lane
+async def test_a_saved_token_is_sent_from_the_first_request(database_url: str, processes: Processes) -> None:
+    """With the token in the tab's storage, a page loads its content at once: no 401, no
+    token dialog (the first fragment request once went out before the token hook)."""
+    port, token = free_port(), "browser-token-0123456789abcdef"
+    api = processes.start(cli("api", "--port", str(port)), {**worker_env(database_url), "AGORA_PG_API_TOKEN": token},
+                          REPO)
+    base = f"http://127.0.0.1:{port}"
+    await wait_ready(base, api)
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            page = await browser.new_page()
+            await page.add_init_script(f"sessionStorage.setItem('agora-pg-token', '{token}');")
+            refused: list[str] = []
+            page.on("response", lambda response: refused.append(response.url) if response.status == 401 else None)
+            for path in ("/", "/ui/jobs"):
+                await page.goto(f"{base}{path}")
+                await expect(page.locator("#content")).not_to_have_attribute("aria-busy", "true", timeout=STEP)
+                assert not await page.locator("#token-dialog").evaluate("dialog => dialog.open"), path
+            assert refused == []
+        finally:
+            await browser.close()
     code, output = stop(api)
     assert code == 0, output
 

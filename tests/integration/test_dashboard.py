@@ -238,3 +238,36 @@ async def test_the_runs_page_lists_run_history_filtered_from_its_url(
     page = (await client.get("/ui/runs", params={"status": "failed", "job_id": "7"})).text
     assert '<option value="failed" selected>failed</option>' in page and 'value="7"' in page
     assert 'href="/ui/runs" aria-current="page"' in page
+
+
+async def test_every_answer_forbids_framing_and_the_dashboard_allows_only_its_own_origin(
+    client: httpx.AsyncClient, queue: Queue
+) -> None:
+    job = await queue.enqueue("mail")
+    for path in ("/", "/ui/jobs", f"/ui/jobs/{job.id}", f"/ui/fragments/jobs/{job.id}", "/ui/static/dashboard.js",
+                 "/jobs", f"/jobs/{job.id}", "/health", "/metrics", "/schema/openapi.json", "/nowhere"):
+        answer = await client.get(path)
+        assert answer.headers["x-frame-options"] == "DENY", path
+        assert answer.headers["x-content-type-options"] == "nosniff", path
+        assert answer.headers["referrer-policy"] == "no-referrer", path
+        policy = answer.headers["content-security-policy"]
+        assert "frame-ancestors 'none'" in policy, path
+        if path == "/" or path.startswith("/ui/"):
+            assert "script-src 'self';" in policy and "style-src 'self';" in policy and "default-src 'none'" in policy
+            assert "unsafe" not in policy
+    page = (await client.get("/")).text
+    assert '"allowEval": false' in page and '"includeIndicatorStyles": false' in page
+
+
+async def test_a_missing_static_file_names_no_directory_and_dashboard_ids_follow_the_apis_rule(
+    client: httpx.AsyncClient, queue: Queue
+) -> None:
+    for path in ("/ui/static/htmx/", "/ui/static/nothing.js", "/schema/static/x"):
+        answer = await client.get(path)
+        assert answer.status_code == 404 and answer.json()["detail"] == "no such file", (path, answer.text)
+        assert "agora_pg" not in answer.text and "/static" not in answer.text
+    jobs = [await queue.enqueue("mail") for _ in range(3)]
+    assert f"<dd>{jobs[0].kind}</dd>" in (await client.get(f"/ui/fragments/jobs/{jobs[0].id}")).text
+    for odd in ("٣", f"+{jobs[0].id}", f"0{jobs[0].id}"):  # as /jobs/٣ is a 404, the dashboard shows no job
+        shown = (await client.get(f"/ui/fragments/jobs/{odd}")).text
+        assert "No job" in shown and "<dt>Kind</dt>" not in shown, odd

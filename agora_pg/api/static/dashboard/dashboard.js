@@ -111,14 +111,18 @@
     });
   }
 
+  // At once, not at DOMContentLoaded: htmx sends each page's first fragment request from
+  // its own DOMContentLoaded handler, which runs before a later one (that request went
+  // out without the saved token, got 401 and opened the token dialog on every page).
+  document.addEventListener("htmx:configRequest", function (event) {
+    Object.assign(event.detail.headers, headers());
+  });
+
   document.addEventListener("DOMContentLoaded", function () {
     document.getElementById("token-form").addEventListener("submit", function () {
       sessionStorage.setItem(TOKEN_KEY, document.getElementById("token-input").value.trim());
       htmx.trigger(document.body, "agora:refresh");
       follow();
-    });
-    document.body.addEventListener("htmx:configRequest", function (event) {
-      Object.assign(event.detail.headers, headers());
     });
     var filters = document.getElementById("filters");
     if (filters) {  // the page's URL follows its filters: a filtered view can be bookmarked and shared
@@ -132,6 +136,10 @@
     document.body.addEventListener("htmx:afterSwap", function (event) {
       event.detail.target.removeAttribute("aria-busy");
       drawCharts(event.detail.target);
+      // (a style attribute in the markup would need the CSP to allow inline styles)
+      event.detail.target.querySelectorAll("[data-share]").forEach(function (bar) {
+        bar.style.setProperty("--share", bar.dataset.share);
+      });
     });
     document.body.addEventListener("htmx:afterRequest", function (event) {
       var source = event.detail.elt;
