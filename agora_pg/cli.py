@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from agora_pg.errors import AgoraError, ConfigError, InvalidArgument, InvalidJob
 from agora_pg.logs import FORMATS, LEVELS, configure_logging
+from agora_pg.printable import escape_controls
 from agora_pg.settings import load_settings, parse_queues
 
 # Each command imports what it runs when it runs (a worker process loads neither the
@@ -185,7 +186,7 @@ async def run_operator(args: argparse.Namespace) -> None:
     else:
         action = {"show": operator.show_job, "retry": operator.retry_job, "cancel": operator.cancel_job}[args.action]
         text = await action(args.job_id)
-    print(text)
+    print(escape_controls(text))  # (queue names, kinds, errors and payloads come from outside)
 
 
 async def run_migrate(*, implicit: bool = False) -> None:
@@ -253,10 +254,10 @@ async def run_dlq(args: argparse.Namespace, config: WorkerConfig | None) -> None
     from agora_pg.commands import pipelines as pipeline_commands
 
     if args.action == "list":
-        print(await pipeline_commands.list_dead_letters(args.pipeline, args.all, args.limit))
+        print(escape_controls(await pipeline_commands.list_dead_letters(args.pipeline, args.all, args.limit)))
     else:
         assert config is not None  # --config is required for replay
-        print(await pipeline_commands.replay_dead_letters(config, args.pipeline, args.limit))
+        print(escape_controls(await pipeline_commands.replay_dead_letters(config, args.pipeline, args.limit)))
 
 
 def new_family_text(name: str, project: Path) -> str:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from agora_pg.printable import escape_controls, has_unsafe
 from agora_pg.errors import InvalidJob
 from agora_pg.payloads import is_payload_instance, to_json_object
 
@@ -182,6 +183,8 @@ def _identifier(field: str, value: object, *, allow_spaces: bool = False, max_le
             raise InvalidJob(field, "not valid UTF-8 text (a lone surrogate)") from None
     if not allow_spaces and value != value.strip():
         raise InvalidJob(field, "must not start or end with whitespace")
+    if not allow_spaces and has_unsafe(value):  # (a kind or a queue: shown in terminals, logs, metric labels)
+        raise InvalidJob(field, f"must not contain control or bidi characters, got {escape_controls(value, newlines=None)!r}")
 
 
 MAX_TIMEOUT_SECONDS = 365 * 24 * 3600.0

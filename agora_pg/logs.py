@@ -7,6 +7,8 @@ import logging
 import sys
 from datetime import UTC, datetime
 
+from agora_pg.printable import escape_controls
+
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -30,10 +32,22 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False, default=str)
 
 
+class TextFormatter(logging.Formatter):
+    """``TEXT_FORMAT`` lines whose text from outside can neither act on a terminal nor pass
+    for a line of its own: control and bidi characters escaped, and the lines after a
+    message's first (a traceback, a multi-line error) indented."""
+
+    def __init__(self) -> None:
+        super().__init__(TEXT_FORMAT)
+
+    def format(self, record: logging.LogRecord) -> str:
+        return escape_controls(super().format(record), newlines="\n    ")
+
+
 def configure_logging(level: str, log_format: str) -> None:
     """Log to standard error at ``level`` (one of ``LEVELS``) in ``log_format`` (``FORMATS``)."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT))
+    handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

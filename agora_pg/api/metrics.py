@@ -5,6 +5,7 @@ from __future__ import annotations
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 from prometheus_client.registry import Collector
 
+from agora_pg.printable import escape_controls
 from agora_pg.db.run_rows import MetricsSnapshot
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -19,6 +20,12 @@ def labelled_queues(live_jobs: list[tuple[str, str, int]], limit: int = MAX_QUEU
     for queue, _status, count in live_jobs:
         totals[queue] = totals.get(queue, 0) + count
     return set(sorted(totals, key=lambda queue: (-totals[queue], queue))[:limit])
+
+
+def label_value(text: str) -> str:
+    """A label value from outside (a queue, a kind): control and bidi characters escaped
+    (the exposition format escapes only newlines, quotes and backslashes)."""
+    return escape_controls(text, newlines=None)
 
 
 def render_metrics(snapshot: MetricsSnapshot, process: Collector | None = None) -> bytes:
@@ -39,7 +46,7 @@ def render_metrics(snapshot: MetricsSnapshot, process: Collector | None = None) 
         key = (queue if queue in named else OTHER, status)
         summed[key] = summed.get(key, 0) + count
     for (queue, status), count in summed.items():
-        jobs.labels(queue=queue, status=status).set(count)
+        jobs.labels(queue=label_value(queue), status=status).set(count)
     oldest = Gauge(
         "agora_oldest_due_job_age_seconds", "Seconds the oldest due job of a queue (pending or retrying) has waited.",
         ["queue"], registry=registry,
@@ -49,7 +56,7 @@ def render_metrics(snapshot: MetricsSnapshot, process: Collector | None = None) 
         label = queue if queue in named else OTHER
         oldest_of[label] = max(age, oldest_of.get(label, age))
     for queue, age in oldest_of.items():
-        oldest.labels(queue=queue).set(age)
+        oldest.labels(queue=label_value(queue)).set(age)
     runs = Gauge(
         "agora_runs_recent",
         f"Runs (job attempts and pipeline ticks) finished in the last {snapshot.recent_window_seconds:g} s, "
@@ -80,5 +87,5 @@ def render_metrics(snapshot: MetricsSnapshot, process: Collector | None = None) 
     for limit in snapshot.kind_limits:
         for name, gauge in limits.items():
             if getattr(limit, name) is not None:  # (a limit not set has no sample)
-                gauge.labels(kind=limit.kind).set(getattr(limit, name))
+                gauge.labels(kind=label_value(limit.kind)).set(getattr(limit, name))
     return generate_latest(registry)

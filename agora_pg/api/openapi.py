@@ -28,8 +28,13 @@ CURSOR_PATTERN = r"^[1-9][0-9]{0,17}$"
 # queue: no surrounding whitespace; name, dedup_key, filters: not blank.
 _CHARACTER = r"[^\x00]"
 _VISIBLE = r"[^\s\x00\x1c-\x1f\x85]"  # (Python strips \x1c-\x1f and \x85 too)
+# kind, queue: no control or bidi character either (agora_pg.printable: they are shown in
+# terminals, log lines and metric labels)
+_CONTROLS = r"\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+_IDENTIFIER_CHARACTER = rf"[^{_CONTROLS}]"
+_IDENTIFIER_VISIBLE = rf"[^\s{_CONTROLS}]"
 TEXT_PATTERN = rf"^{_CHARACTER}*$"
-IDENTIFIER_PATTERN = rf"^{_VISIBLE}({_CHARACTER}*{_VISIBLE})?$"
+IDENTIFIER_PATTERN = rf"^{_IDENTIFIER_VISIBLE}({_IDENTIFIER_CHARACTER}*{_IDENTIFIER_VISIBLE})?$"
 LABEL_PATTERN = rf"^{_CHARACTER}*{_VISIBLE}{_CHARACTER}*$"
 PUBLIC_PATHS = ("/health", "/ready")
 

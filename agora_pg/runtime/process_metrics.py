@@ -11,6 +11,7 @@ import bisect
 import dataclasses
 from collections.abc import Iterable, Iterator
 
+from agora_pg.printable import escape_controls
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 
 # Upper bounds (seconds) of the histograms' buckets: from a no-op job to an hour-long one.
@@ -90,7 +91,7 @@ class ProcessMetrics:
             "(succeeded, failed, cancelled, lost, released).", labels=["queue", "kind", "outcome"],
         )
         for labels, count in sorted(self.completed.items()):
-            completed.add_metric(list(labels), count)
+            completed.add_metric([escape_controls(value, newlines=None) for value in labels], count)
         yield completed
         yield self._histogram("agora_job_duration_seconds", "Seconds from claim to outcome of the job "
                               "attempts this process recorded.", ["queue", "kind"], self.durations)
@@ -105,7 +106,8 @@ class ProcessMetrics:
                    series: dict[tuple[str, ...], Buckets]) -> HistogramMetricFamily:
         family = HistogramMetricFamily(name, documentation, labels=labels)
         for key, buckets in sorted(series.items()):
-            family.add_metric(list(key), buckets.cumulative(), sum_value=buckets.total)
+            family.add_metric([escape_controls(value, newlines=None) for value in key], buckets.cumulative(),
+                              sum_value=buckets.total)
         return family
 
 
