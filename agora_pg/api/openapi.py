@@ -23,6 +23,7 @@ ERROR_REF = {"$ref": "#/components/schemas/ErrorBody"}
 # would store year 1 as -infinity, year 9999 as +infinity).
 TIME_PATTERN = r"^(19[7-9][0-9]|[2-8][0-9]{3})-"
 CURSOR_PATTERN = r"^[1-9][0-9]{0,17}$"
+EVENT_ID_PATTERN = r"^[0-9]{1,17}$"  # (agora_pg.events.model.MAX_CURSOR_DIGITS)
 # Text PostgreSQL can hold: no NUL (nor a lone half of a UTF-16 pair, which no pattern
 # here says: validators such as jsonschema-rs refuse surrogates in a pattern). kind,
 # queue: no surrounding whitespace; name, dedup_key, filters: not blank.
@@ -108,6 +109,29 @@ def _correct_operation(path: str, method: str, operation: dict[str, Any], token:
         responses[code] = {"description": _WHY[code], "content": {"application/json": {"schema": ERROR_REF}}}
     for parameter in operation.get("parameters", []):
         _correct_parameter(parameter)
+    if path == "/events":
+        _describe_event_stream(operation)
+
+
+def _describe_event_stream(operation: dict[str, Any]) -> None:
+    """``/events`` answers ``text/event-stream``, and its cursor is an event id (the digits
+    of the stream's ``id:`` lines), not a time."""
+    cursor = {"type": "string", "pattern": EVENT_ID_PATTERN,
+              "description": "an event id, as the stream's `id:` lines give (microseconds since 1970, "
+                             "at most 7 days back)"}
+    for parameter in operation.get("parameters", []):
+        if parameter.get("name") == "since":
+            parameter["schema"] = dict(cursor)
+            parameter["description"] = "replay the changes after this event id first"
+    operation["parameters"] = [*operation.get("parameters", []), {
+        "name": "Last-Event-ID", "in": "header", "required": False, "schema": dict(cursor),
+        "description": "what a reconnecting EventSource sends: as `since`, and over it",
+    }]
+    operation["responses"]["200"] = {
+        "description": "Server-Sent Events: `event:` the event's type (job.enqueued, job.started, job.progress, "
+                       "job.finished, job.cancelled, ping), `data:` its JSON, `id:` its event id",
+        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    }
 
 
 def _correct_parameter(parameter: dict[str, Any]) -> None:

@@ -80,6 +80,11 @@ async def test_events_follow_jobs_of_a_worker_process_and_replay_after_a_reconne
                                   and e["data"]["job_id"] == second["id"])
         assert after[-1]["data"]["job_id"] == second["id"]
         assert not any(event["event"] == "job.progress" for event in after)  # progress is live only
+        # the same cursor as the documented `since` parameter (an event id, not a time)
+        async with client.stream("GET", "/events", params={"kind": "sleep", "since": last_id}) as response:
+            again = await collect(response, lambda e: e["event"] == "job.finished"
+                                  and e["data"]["job_id"] == second["id"])
+        assert [event["event"] for event in again] == [event["event"] for event in after]
 
         bad = await client.get("/events", headers={"Last-Event-ID": "yesterday"})
         assert bad.status_code == 400 and bad.json()["field"] == "Last-Event-ID"

@@ -586,3 +586,20 @@ async def test_bulk_retry_and_cancel_act_on_the_jobs_a_filter_matches(
     assert (await client.post("/jobs/bulk/retry", params={"status": "exploded"})).status_code == 400
     listed = (await client.get("/ui/fragments/jobs", params={"status": "failed", "kind": "mail"})).text
     assert 'hx-post="/jobs/bulk/retry?status=failed&amp;kind=mail"' in listed
+
+
+async def test_the_events_stream_is_documented_as_it_answers(client: httpx.AsyncClient) -> None:
+    document = (await client.get("/schema/openapi.json")).json()
+    events = document["paths"]["/events"]["get"]
+    parameters = {parameter["name"]: parameter for parameter in events["parameters"]}
+    assert parameters["since"]["schema"]["pattern"] == "^[0-9]{1,17}$"
+    assert "format" not in parameters["since"]["schema"]
+    assert parameters["Last-Event-ID"]["in"] == "header"
+    assert list(events["responses"]["200"]["content"]) == ["text/event-stream"]
+    # what the document says is what the stream does
+    as_time = await client.get("/events", params={"since": "2026-12-06T00:00:00Z"})
+    assert as_time.status_code == 400 and as_time.json()["field"] == "since"
+    header = await client.get("/events", headers={"Last-Event-ID": "yesterday"})
+    assert header.status_code == 400 and header.json()["field"] == "Last-Event-ID"
+    # (a stream from a real server, with a cursor the pattern takes: test_events_processes)
+    assert re.fullmatch(parameters["since"]["schema"]["pattern"], str(int(datetime.now(UTC).timestamp() * 1e6)))
