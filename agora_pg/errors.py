@@ -151,3 +151,12 @@ class PipelineInterrupted(AgoraError):
     """The worker is stopping: a resumable pipeline stopped after its current batch
     (its position is saved; the next run goes on from there). Recorded as a run cut short
     at shutdown: not counted as a failure, and due again at once."""
+
+
+class TooManyStreams(AgoraError):
+    """An API process holds as many ``/events`` streams as it may (``AGORA_PG_API_MAX_EVENT_STREAMS``)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"{limit} event streams are open on this API process, its limit "
+                         "(AGORA_PG_API_MAX_EVENT_STREAMS): try again shortly")
+        self.headers = {"Retry-After": "5"}

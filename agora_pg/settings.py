@@ -51,6 +51,7 @@ class Settings:
     api_max_payload_bytes: int = 1024 * 1024
     api_allowed_origins: tuple[str, ...] = ()
     api_max_connections: int = 1000
+    api_max_event_streams: int = 100
     api_read_timeout: float = 10.0
     api_keep_alive_seconds: int = 5
     api_refuse_unknown_kinds: bool = False
@@ -79,6 +80,8 @@ class Settings:
         _require(self.api_max_payload_bytes >= 1, "AGORA_PG_API_MAX_PAYLOAD_BYTES", "must be >= 1")
         _require(self.prune_interval > 0, "AGORA_PG_PRUNE_INTERVAL", "must be > 0")
         _require(self.api_max_connections >= 1, "AGORA_PG_API_MAX_CONNECTIONS", "must be >= 1")
+        _require(1 <= self.api_max_event_streams < self.api_max_connections, "AGORA_PG_API_MAX_EVENT_STREAMS",
+                 "must be >= 1 and below AGORA_PG_API_MAX_CONNECTIONS (streams must leave slots to other requests)")
         _require(self.api_read_timeout > 0, "AGORA_PG_API_READ_TIMEOUT", "must be > 0")
         _require(self.api_keep_alive_seconds >= 1, "AGORA_PG_API_KEEP_ALIVE_SECONDS", "must be >= 1")
         _require(self.api_token is None or len(self.api_token) >= 16, "AGORA_PG_API_TOKEN",
@@ -132,6 +135,7 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         api_token=env.get("AGORA_PG_API_TOKEN") or None,
         api_max_payload_bytes=_int(env, "AGORA_PG_API_MAX_PAYLOAD_BYTES", defaults.api_max_payload_bytes),
         api_max_connections=_int(env, "AGORA_PG_API_MAX_CONNECTIONS", defaults.api_max_connections),
+        api_max_event_streams=_int(env, "AGORA_PG_API_MAX_EVENT_STREAMS", defaults.api_max_event_streams),
         api_read_timeout=_float(env, "AGORA_PG_API_READ_TIMEOUT", defaults.api_read_timeout),
         api_keep_alive_seconds=_int(env, "AGORA_PG_API_KEEP_ALIVE_SECONDS", defaults.api_keep_alive_seconds),
         api_refuse_unknown_kinds=_bool(env, "AGORA_PG_API_REFUSE_UNKNOWN_KINDS", defaults.api_refuse_unknown_kinds),
@@ -197,6 +201,9 @@ VARIABLES: tuple[Variable, ...] = (
              "token; others get 403"),
     Variable(("AGORA_PG_API_MAX_CONNECTIONS",), "1000",
              "connections and requests `agora-pg api` serves at once; past it, 503"),
+    Variable(("AGORA_PG_API_MAX_EVENT_STREAMS",), "100",
+             "`GET /events` streams open at once on one API process (each holds a connection for as long as "
+             "it lasts); past it, 503 with `Retry-After`, and the other requests keep their slots"),
     Variable(("AGORA_PG_API_READ_TIMEOUT",), "10",
              "seconds a connection of `agora-pg api` has to send a whole request (headers and body) before "
              "it is closed"),

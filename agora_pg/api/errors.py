@@ -27,6 +27,7 @@ from agora_pg.errors import (
     ScheduleConflict,
     ScheduleNotFound,
     SchemaNotReady,
+    TooManyStreams,
 )
 
 log = logging.getLogger("agora_pg.api")
@@ -138,7 +139,7 @@ def status_of(error: AgoraError) -> int:
         return 409
     if isinstance(error, PayloadTooLarge):
         return 413
-    if isinstance(error, DatabaseUnavailable | SchemaNotReady):
+    if isinstance(error, DatabaseUnavailable | SchemaNotReady | TooManyStreams):
         return 503
     if isinstance(error, RunInFlight):
         return 409

@@ -51,7 +51,9 @@ async def stream_events(
         except InvalidCursor as error:
             raise InvalidArgument(field, str(error)) from None
     stream: EventStream = request.app.state.events
-    subscription = await stream.subscribe(filters, start)
+    # (each stream holds a connection for as long as it lasts: past the cap, 503, so that
+    # streams alone can never take every slot of AGORA_PG_API_MAX_CONNECTIONS)
+    subscription = await stream.subscribe(filters, start, limit=request.app.state.max_event_streams)
     return Stream(
         _frames(subscription),
         media_type="text/event-stream",

@@ -25,7 +25,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from agora_pg.db import queries
-from agora_pg.errors import DatabaseUnavailable
+from agora_pg.errors import DatabaseUnavailable, TooManyStreams
 from agora_pg.events.model import EPOCH, Event, EventFilter, cursor_of, event_of_notification, event_of_row, sse_body
 from agora_pg.lifecycle import wait_for_event
 from agora_pg.runtime.database_calls import listen_until
@@ -71,6 +71,7 @@ class EventStream:
         self.page_size = page_size
         self.max_pending_events = max_pending_events
         self._subscriptions: set[Subscription] = set()
+        self._joining = 0  # subscribers waiting for the reader's first cursor
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -82,10 +83,21 @@ class EventStream:
 
     # -- subscribers -------------------------------------------------------------------
 
-    async def subscribe(self, filters: EventFilter = EventFilter(), since: datetime | None = None) -> Subscription:
-        """A new subscriber; with ``since``, state changes from then on are replayed first."""
+    async def subscribe(self, filters: EventFilter = EventFilter(), since: datetime | None = None,
+                        limit: int | None = None) -> Subscription:
+        """A new subscriber; with ``since``, state changes from then on are replayed first.
+        ``TooManyStreams`` when ``limit`` subscribers are there (or joining) already."""
         if self._stop.is_set():
             raise RuntimeError("the event stream is closed")
+        if limit is not None and len(self._subscriptions) + self._joining >= limit:
+            raise TooManyStreams(limit)
+        self._joining += 1
+        try:
+            return await self._join(filters, since)
+        finally:
+            self._joining -= 1
+
+    async def _join(self, filters: EventFilter, since: datetime | None) -> Subscription:
         if not self._tasks:
             self._tasks = [
                 asyncio.create_task(self._read_loop(), name="event-stream-reader"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -355,3 +356,33 @@ async def test_timeouts_cancels_fail_and_tracebacks_over_http_and_the_cli(
     for process in (worker, api):
         code, output = stop(process)
         assert code == 0, output[-3000:]
+
+
+async def test_event_streams_have_a_cap_of_their_own_and_leave_slots_to_other_requests(
+    database_url: str, processes: Processes,
+) -> None:
+    """As many /events streams as a client likes cannot take every connection slot: past
+    AGORA_PG_API_MAX_EVENT_STREAMS they get 503 with Retry-After, and /health, POST /jobs
+    and the dashboard keep answering."""
+    port = free_port()
+    env = worker_env(database_url, AGORA_PG_API_MAX_EVENT_STREAMS="3", AGORA_PG_API_MAX_CONNECTIONS="12")
+    api = processes.start(cli("api", "--port", str(port)), env, REPO)
+    base = f"http://127.0.0.1:{port}"
+    await wait_ready(base, api)
+    async with contextlib.AsyncExitStack() as held, httpx.AsyncClient(
+            base_url=base, timeout=httpx.Timeout(5, read=30), limits=httpx.Limits(max_connections=8)) as client:
+        for _ in range(3):
+            stream = await held.enter_async_context(client.stream("GET", "/events"))
+            assert stream.status_code == 200
+        # the flood (at most 5 at once beside the 3 streams: below the 12 connections, the streams cap answers)
+        refused = await asyncio.gather(*(client.get("/events") for _ in range(20)))
+        assert {answer.status_code for answer in refused} == {503}
+        assert refused[0].headers["retry-after"] == "5" and "AGORA_PG_API_MAX_EVENT_STREAMS" in refused[0].text
+        assert (await client.get("/health")).status_code == 200
+        assert (await client.post("/jobs", json={"kind": "echo"})).status_code == 201
+        assert (await client.get("/ui/fragments/overview")).status_code == 200
+    async with httpx.AsyncClient(base_url=base, timeout=5) as client:  # the streams closed: room again
+        async with client.stream("GET", "/events") as stream:
+            assert stream.status_code == 200
+    code, output = stop(api)
+    assert code == 0, output
