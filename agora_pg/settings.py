@@ -80,8 +80,7 @@ class Settings:
         _require(self.api_max_payload_bytes >= 1, "AGORA_PG_API_MAX_PAYLOAD_BYTES", "must be >= 1")
         _require(self.prune_interval > 0, "AGORA_PG_PRUNE_INTERVAL", "must be > 0")
         _require(self.api_max_connections >= 1, "AGORA_PG_API_MAX_CONNECTIONS", "must be >= 1")
-        _require(1 <= self.api_max_event_streams < self.api_max_connections, "AGORA_PG_API_MAX_EVENT_STREAMS",
-                 "must be >= 1 and below AGORA_PG_API_MAX_CONNECTIONS (streams must leave slots to other requests)")
+        _require(self.api_max_event_streams >= 1, "AGORA_PG_API_MAX_EVENT_STREAMS", "must be >= 1")
         _require(self.api_read_timeout > 0, "AGORA_PG_API_READ_TIMEOUT", "must be > 0")
         _require(self.api_keep_alive_seconds >= 1, "AGORA_PG_API_KEEP_ALIVE_SECONDS", "must be >= 1")
         _require(self.api_token is None or len(self.api_token) >= 16, "AGORA_PG_API_TOKEN",
@@ -202,8 +201,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable(("AGORA_PG_API_MAX_CONNECTIONS",), "1000",
              "connections and requests `agora-pg api` serves at once; past it, 503"),
     Variable(("AGORA_PG_API_MAX_EVENT_STREAMS",), "100",
-             "`GET /events` streams open at once on one API process (each holds a connection for as long as "
-             "it lasts); past it, 503 with `Retry-After`, and the other requests keep their slots"),
+             "`GET /events` streams open at once on one API process, and never more than half of "
+             "`AGORA_PG_API_MAX_CONNECTIONS` (each holds a connection for as long as it lasts); past it, 503 with "
+             "`Retry-After`, and the other requests keep their slots"),
     Variable(("AGORA_PG_API_READ_TIMEOUT",), "10",
              "seconds a connection of `agora-pg api` has to send a whole request (headers and body) before "
              "it is closed"),

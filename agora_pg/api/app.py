@@ -81,7 +81,9 @@ def create_app(settings: Settings, *, allow_remote: bool = False, handlers: Any 
         middleware=[security_headers, *([] if settings.api_token else [local_only(allow_remote, settings.api_allowed_origins)])],
         exception_handlers={Exception: error_response},
         state=State({"schema_heads": migrate.head_revisions(), "pipelines": _replayable(settings),
-                     "max_event_streams": settings.api_max_event_streams}),
+                     # (streams hold their connection: at most half the slots, whatever is set)
+                     "max_event_streams": min(settings.api_max_event_streams,
+                                              max(1, settings.api_max_connections // 2))}),
         lifespan=[store_lifespan],
         request_max_body_size=settings.api_max_payload_bytes + REQUEST_BODY_HEADROOM,
         openapi_config=OpenAPIConfig(

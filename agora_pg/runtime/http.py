@@ -9,16 +9,39 @@ def read_deadline_protocol(read_timeout: float) -> type:
     """uvicorn's h11 protocol with a deadline on reading each request: a connection that
     has not sent a whole request (headers and body) ``read_timeout`` seconds after it
     opened, or after the previous response, is closed. (uvicorn alone never closes a
-    connection that sends nothing, or half a request: each holds a file descriptor.)"""
+    connection that sends nothing, or half a request: each holds a file descriptor.)
+
+    And when a new connection finds every slot (``limit_concurrency``) taken, the oldest
+    idle connection (no request on it: opened and silent, or kept alive after an
+    answer) is closed to make room, so that a flood of idle sockets, reopened as fast as
+    they are closed, cannot keep every request out. Only connections busy with a request
+    (or a stream, which has a cap of its own) make a new one wait for a 503."""
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     class ReadDeadlineProtocol(H11Protocol):
         _read_deadline: asyncio.TimerHandle | None = None
+        _opened_at = 0.0
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            self._opened_at = self.loop.time()
             self._arm_read_deadline()
+            limit = self.limit_concurrency
+            if limit is not None and len(self.connections) >= limit:
+                # (uvicorn answers 503 to a request while connections >= the limit, this one included)
+                self._evict_oldest_idle(len(self.connections) - limit + 1)
+
+        def _is_idle(self) -> bool:
+            return self.cycle is None and self.conn.their_state is h11.IDLE and not self.transport.is_closing()
+
+        def _evict_oldest_idle(self, count: int) -> None:
+            idle = [c for c in self.connections if c is not self and isinstance(c, ReadDeadlineProtocol) and c._is_idle()]
+            for connection in sorted(idle, key=lambda connection: connection._opened_at)[:count]:
+                connection.transport.close()
+                # (its connection_lost, which leaves the set too, comes a loop turn later:
+                # after this connection's first request would have been counted)
+                self.connections.discard(connection)
 
         def on_response_complete(self) -> None:
             super().on_response_complete()

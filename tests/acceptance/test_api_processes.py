@@ -249,7 +249,20 @@ async def test_a_flood_of_idle_and_slow_connections_is_shed_and_health_still_ans
     for connection in flooded:
         connection.close()
 
+    # every slot taken by idle sockets: a new connection closes the oldest idle one, so
+    # requests keep being answered however fast the flood reopens its sockets
     flooded = await asyncio.to_thread(flood, 200, 0)
+    async with httpx.AsyncClient(base_url=base, timeout=5) as client:
+        for _ in range(5):
+            assert (await client.get("/health")).status_code == 200
+            assert (await client.post("/jobs", json={"kind": "echo"})).status_code == 201
+            flooded += await asyncio.to_thread(flood, 5, 0)  # reopened
+    for connection in flooded:
+        connection.close()
+
+    # every slot taken by requests in progress (bodies half sent): refused at once with a
+    # 503, not a hang, until the read deadline sheds them
+    flooded = await asyncio.to_thread(flood, 0, 200)
     async with httpx.AsyncClient(base_url=base, timeout=5) as client:
         assert (await client.get("/health")).status_code == 503  # past the limit: refused at once
         await asyncio.sleep(3)  # the flood is shed
