@@ -223,7 +223,8 @@ class JobTable:
 
 def last_key_served(keys: Set[str], after_key: str | None) -> str:
     """Of the (non-empty) ``keys`` a claim served, visiting keys in order from the one
-    after ``after_key`` and wrapping around, the one it served last."""
+    after ``after_key`` and wrapping around, the one it served last. (Python orders text
+    by code point, as the column's "C" collation orders its UTF-8 bytes.)"""
     wrapped = [key for key in keys if after_key is not None and key <= after_key]
     return max(wrapped) if wrapped else max(keys)
 

@@ -63,7 +63,7 @@ jobs = Table(
     Column("cancel_requested_at", DateTime(timezone=True), nullable=True, comment="When a cancel of the running attempt was asked for; its worker stops it."),
     Column("progress", JSONB, nullable=True, comment="The running attempt's latest progress report ({done, total, message, at}); kept with the run when it ends."),
     Column("delayed", Boolean, nullable=False, server_default=text("false"), comment="The job waits for its run_at (enqueued for later, or backing off before a retry): it is outside the claim index until a worker's promotion clears this once run_at has passed."),
-    Column("fair_key", Text, nullable=True, comment="The job's key for fair share (its kind's fair_by, else limit_by, payload field), written at insert; NULL: its kind has none."),
+    Column("fair_key", Text(collation="C"), nullable=True, comment="The job's key for fair share (its kind's fair_by, else limit_by, payload field), written at insert; NULL: its kind has none."),
     # The job row's eleven rules (status values, each status tied to its columns, no
     # negative counters, an object payload, a positive timeout) in one function, which
     # names the broken rule's constraint (migration 0014).

@@ -328,3 +328,16 @@ async def test_small_tenants_finish_soon_beside_one_with_100000_jobs(
     assert len(waits) == 10
     assert all(row["longest"] < 2.0 for row in waits), {row["tenant"]: row["longest"] for row in waits}
     assert huge_done < 90_000  # (the huge tenant was still being served)
+
+
+async def test_keys_are_visited_in_the_order_the_worker_keeps_its_place_in(queue: Queue, store: Store) -> None:
+    """Upper and lower case, accents: the database visits keys in code-point order (the
+    column's "C" collation), the order in which the worker computes its place."""
+    await store.jobs.declare_limits({"mail": KindLimit(fair_by="tenant")})
+    tenants = ["B", "a", "é", "Z", "b"]
+    await queue.enqueue_many([JobSpec("mail", {"tenant": tenant}) for tenant in tenants for _ in range(2)])
+    cursor, served = None, []
+    for _ in range(5):
+        jobs, cursor = await store.jobs.claim_limited(["default"], 1, "w", 30, ["mail"], scan=100, after_key=cursor)
+        served += [job.payload["tenant"] for job in jobs]
+    assert served == sorted(tenants)  # one each, in code-point order: B Z a b é

@@ -206,7 +206,8 @@ def upgrade() -> None:
     op.create_table_comment("kind_limits", "Flow control of job kinds (concurrency and rate limits, fair share), "
                             "declared by the workers that handle them.", schema="agora")
     op.add_column("jobs", sa.Column(
-        "fair_key", sa.Text(), nullable=True,
+        # (byte order: the key visits of the claim and the worker's cursor, in Python, agree)
+        "fair_key", sa.Text(collation="C"), nullable=True,
         comment="The job's key for fair share (its kind's fair_by, else limit_by, payload field), written at "
                 "insert; NULL: its kind has none."), schema="agora")
     op.create_index("jobs_fair_idx", "jobs", ["queue", "fair_key", sa.text("priority DESC"), "run_at", "id"],
