@@ -318,14 +318,19 @@ SELECT (SELECT count(*) FROM promoted) AS promoted,
 # steps look again at when the earliest falls due.
 DELAYED_CHANNEL = "agora_delayed"
 
+# A job given back without being run is due again, unless a cancel of it was acknowledged
+# meanwhile: then it is cancelled (the claim that takes it next would forget the cancel).
+_GIVEN_BACK = ("status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE 'pending' END, "
+               "finished_at = CASE WHEN j.cancel_requested_at IS NOT NULL THEN now() ELSE j.finished_at END")
+
 # Give back attempts (id, attempt) that worker $1 claimed but will not start: pending
 # again at once, nothing counted or recorded (a worker runs one job with lost attempts at
 # a time, so that a job that kills its process never takes the same neighbours down
 # twice; the others it claimed along go back).
-RELEASE_CLAIMED_JOBS = """
+RELEASE_CLAIMED_JOBS = f"""
 WITH released AS (
     UPDATE agora.jobs AS j
-    SET status = 'pending', locked_by = NULL, lease_expires_at = NULL
+    SET {_GIVEN_BACK}, locked_by = NULL, lease_expires_at = NULL
     FROM unnest($2::bigint[], $3::int[]) AS t(id, attempt)
     WHERE j.id = t.id AND j.attempt = t.attempt AND j.locked_by = $1
     RETURNING j.id, j.queue
@@ -428,8 +433,8 @@ WITH outcome AS (
 ), finished AS (
     UPDATE agora.jobs AS j
     SET status = CASE
+            WHEN o.kind = 'cancelled' OR j.cancel_requested_at IS NOT NULL THEN 'cancelled'  -- (an acknowledged cancel holds)
             WHEN o.kind = 'failed' THEN 'failed'
-            WHEN o.kind = 'cancelled' THEN 'cancelled'
             WHEN j.queue = '{PIPELINE_QUEUE}' THEN CASE o.kind WHEN 'lost' THEN 'failed' ELSE 'cancelled' END
             WHEN j.lost_count + 1 >= $2 THEN 'failed'
             ELSE 'pending' END,
@@ -444,7 +449,7 @@ WITH outcome AS (
                 THEN o.error_message || ' (' || (j.lost_count + 1) || ' lost attempts: not retried)'
             ELSE o.error_message END,
         run_at = now() + make_interval(secs => o.delay), finished_at = now(),
-        delayed = o.kind = 'failed' AND o.delay > 0 AND NOT o.final
+        delayed = o.kind = 'failed' AND o.delay > 0 AND NOT o.final AND j.cancel_requested_at IS NULL
                   AND j.retry_count + 1 < COALESCE(j.max_retries, $3),
         locked_by = NULL, lease_expires_at = NULL, cancel_requested_at = NULL
     FROM outcome AS o
@@ -473,10 +478,10 @@ FROM finished
 # Give back attempts (id, attempt) that worker $1 claimed but never started (a claim whose
 # reply was lost, or jobs left at shutdown): pending again, nothing counted or recorded.
 # Jobs still running in a thread ($2) are left alone.
-RELEASE_UNSTARTED_JOBS = """
+RELEASE_UNSTARTED_JOBS = f"""
 WITH released AS (
     UPDATE agora.jobs AS j
-    SET status = 'pending', locked_by = NULL, lease_expires_at = NULL
+    SET {_GIVEN_BACK}, locked_by = NULL, lease_expires_at = NULL
     WHERE j.locked_by = $1 AND j.status = 'processing' AND NOT (j.id = ANY($2::bigint[]))
     RETURNING j.id, j.queue
 )
@@ -524,11 +529,13 @@ WITH lost_with_worker AS (
     SELECT * FROM lost_with_worker UNION ALL SELECT * FROM lost_on_their_own
 ), rescued AS (
     UPDATE agora.jobs AS j
-    SET status = CASE WHEN j.lost_count + 1 >= $1 OR j.queue = '{PIPELINE_QUEUE}' THEN 'failed' ELSE 'pending' END,
+    SET status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'  -- (an acknowledged cancel holds)
+                      WHEN j.lost_count + 1 >= $1 OR j.queue = '{PIPELINE_QUEUE}' THEN 'failed' ELSE 'pending' END,
         lost_count = j.lost_count + 1,
         max_retries = CASE WHEN j.lost_count + 1 >= $1 OR j.queue = '{PIPELINE_QUEUE}' THEN LEAST(COALESCE(j.max_retries, $2), j.retry_count)
                            ELSE COALESCE(j.max_retries, $2) END,
-        error_message = 'WorkerLost: worker ' || COALESCE(lost.locked_by, '?')
+        error_message = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'JobCancelled: cancelled on request; ' ELSE '' END
+            || 'WorkerLost: worker ' || COALESCE(lost.locked_by, '?')
             || ' stopped renewing its lease, which expired at '
             || to_char(lost.lease_expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
             || CASE WHEN j.lost_count + 1 >= $1 AND j.queue <> '{PIPELINE_QUEUE}' THEN ' (' || (j.lost_count + 1) || ' lost attempts: not retried)'
@@ -541,11 +548,13 @@ WITH lost_with_worker AS (
 ), recorded AS (
     INSERT INTO agora.runs (job_id, attempt, worker_id, started_at, finished_at, status, error_type, error_message,
                             progress, pipeline_id, scheduled_for)
-    SELECT id, attempt, locked_by, started_at, now(), 'abandoned', 'WorkerLost', error_message, progress,
+    SELECT id, attempt, locked_by, started_at, now(), CASE WHEN status = 'cancelled' THEN 'cancelled' ELSE 'abandoned' END,
+           CASE WHEN status = 'cancelled' THEN 'JobCancelled' ELSE 'WorkerLost' END, error_message, progress,
            {_RUN_PIPELINE}, {_RUN_TICK}
     FROM rescued
 ), ended AS (
-    SELECT queue, kind, payload, status, started_at, error_message, false AS released, 'abandoned' AS run_status
+    SELECT queue, kind, payload, status, started_at, error_message, false AS released,
+           CASE WHEN status = 'cancelled' THEN 'cancelled' ELSE 'abandoned' END AS run_status
     FROM rescued
 ), {_PIPELINE_RUN_ENDED}
 SELECT id, CASE WHEN status = 'pending' THEN pg_notify('agora_jobs', queue) END AS woken,

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from agora_pg import Job, JobSpec, JobStatus, Queue, Retry, SchemaNotReady, Settings, Worker
+from agora_pg.db.job_rows import JobFinish
 from agora_pg.db.store import Store
 from agora_pg.outcomes import outcome_of
 from agora_pg.worker.attempts import Attempt
@@ -447,3 +448,33 @@ async def _claimed_at_least(store: Store, count: int) -> bool:
 async def _all_done(store: Store, ids: list[int]) -> bool:
     statuses = [await job_status(store, job_id) for job_id in ids]
     return all(status is JobStatus.DONE for status in statuses)
+
+
+async def test_an_acknowledged_cancel_holds_whatever_becomes_of_the_attempt(
+    queue: Queue, store: Store, settings: Settings
+) -> None:
+    """A cancel asked while the job runs, then: its worker dies (rescue), its attempt is
+    lost or cut short at shutdown (outcome), or it is given back unstarted (release).
+    Each way, the job ends cancelled: never pending again, never run again."""
+    rescued, lost, released, unstarted, failing = [await queue.enqueue("k") for _ in range(5)]
+    claimed = {job.id: job for job in await store.jobs.claim(["default"], 5, "w-gone", 30)}
+    for job in claimed.values():
+        assert (await store.jobs.cancel(job.id)).cancel_requested_at is not None  # acknowledged, still running
+    async with store.connection() as connection:
+        await connection.execute("UPDATE agora.jobs SET lease_expires_at = now() - interval '1 second' WHERE id = $1",
+                                 rescued.id)
+    assert await store.jobs.rescue_expired(3, 3, 100) == [rescued.id]
+    finishes = [JobFinish(lost.id, 1, "lost", "LeaseLost", "LeaseLost: lost", None, 0.0, False),
+                JobFinish(released.id, 1, "released", "WorkerShutdown", "WorkerShutdown: stopped", None, 0.0, False),
+                JobFinish(failing.id, 1, "failed", "ValueError", "ValueError: raced the cancel", None, 60.0, False)]
+    assert await store.jobs.finish(finishes, "w-gone", max_lost_attempts=3, default_max_retries=3) == {
+        lost.id, released.id, failing.id}
+    assert await store.jobs.release_unstarted("w-gone", []) == {unstarted.id}
+    for job_id in (rescued.id, lost.id, released.id, unstarted.id, failing.id):
+        job = await store.jobs.get(job_id)
+        assert (job.status, job.is_finished) == (JobStatus.CANCELLED, True), (job_id, job.status)
+        assert job.finished_at is not None
+    assert await store.jobs.claim(["default"], 10, "w2", 30) == []  # nothing to run again
+    [run] = await store.runs.of_job(rescued.id)
+    assert (run.status, run.error_type) == ("cancelled", "JobCancelled")
+    assert (await store.jobs.get(rescued.id)).error_message.startswith("JobCancelled: cancelled on request; WorkerLost")
