@@ -85,13 +85,7 @@ class JobController(Controller):
     ) -> JobPage:
         """Jobs newest first, filtered by status, kind and queue, and ``search``: a job id,
         or text found in the kind, the name or the payload (any case); page on with ``cursor``."""
-        filters = {
-            "status": None if status is None else status.value,
-            "kind": params.text_filter("kind", kind),
-            "queue": params.text_filter("queue", queue),
-            "search": params.text_filter("search", search),
-            "before_id": params.cursor_id(cursor),
-        }
+        filters = {**_filters(status, kind, queue, search), "before_id": params.cursor_id(cursor)}
         jobs = await store.jobs.search(filters, params.page_limit(limit))
         return JobPage([JobOut.of(job) for job in jobs], params.next_cursor([job.id for job in jobs], limit))
 

@@ -11,22 +11,12 @@ from datetime import datetime
 import asyncpg
 
 from agora_pg import JobSpec, Queue
+from benchmarks.rate_limit import most_in_any_window
 
 from ..conftest import Processes
 from .test_worker_processes import HERE, worker_env
 
 RATE, WINDOW, KEYS, SECONDS = 5, 1.0, 2, 6.0
-
-
-def most_in_any_window(starts: list[datetime], window: float) -> int:
-    """The most starts inside any half-open interval of ``window`` seconds."""
-    times = sorted(start.timestamp() for start in starts)
-    most, first = 0, 0
-    for last, moment in enumerate(times):
-        while moment - times[first] >= window:
-            first += 1
-        most = max(most, last - first + 1)
-    return most
 
 
 async def test_a_rate_limit_per_key_holds_across_three_processes(
