@@ -336,10 +336,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             asyncio.run(run_operator(args))
     except (ConfigError, InvalidArgument, InvalidJob) as error:
-        print(f"agora-pg: {error}", file=sys.stderr)
+        print(f"agora-pg: {escape_controls(str(error))}", file=sys.stderr)
         return EXIT_USAGE
     except AgoraError as error:
-        print(f"agora-pg: {error}", file=sys.stderr)
+        print(f"agora-pg: {escape_controls(str(error))}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
         return 130

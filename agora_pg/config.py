@@ -15,6 +15,7 @@ import tomllib
 from collections.abc import Mapping
 from typing import Any
 
+from agora_pg.db.job_rows import KindLimit
 from agora_pg.errors import ConfigError, InvalidSchedule
 from agora_pg.schedules import Schedule
 
@@ -77,6 +78,9 @@ class WorkerConfig:
     graceful_shutdown_timeout: float
     pipelines: dict[str, PipelineConfig]
     periodic_jobs: dict[str, PeriodicJobConfig] = dataclasses.field(default_factory=dict)
+    # [kinds.NAME]: the flow control of job kinds, declared by the config worker (it wins
+    # over the code's; None: the file has no [kinds] table and leaves limits alone)
+    kinds: dict[str, KindLimit] | None = None
 
 
 def load_config(text: str, env: Mapping[str, str]) -> WorkerConfig:
@@ -103,13 +107,48 @@ def load_config(text: str, env: Mapping[str, str]) -> WorkerConfig:
     pipelines_table.done()
     periodic_jobs = {name: _periodic_job(periodic_table.table(name), name) for name in list(periodic_table.data)}
     periodic_table.done()
+    has_kinds = "kinds" in root.data
+    kinds_table = root.table("kinds")
+    kinds = {name: _kind_limit(kinds_table.table(name), name) for name in list(kinds_table.data)} if has_kinds else None
+    kinds_table.done()
     ids = [(f"pipelines.{name}", item.id) for name, item in pipelines.items()]
     ids += [(f"periodic_jobs.{name}", item.id) for name, item in periodic_jobs.items()]
     for path, schedule_id in ids:
         if [other for other in ids if other[1] == schedule_id][1:]:
             raise ConfigError(f"{path}.id", f"{_show(schedule_id)} is the id of another schedule too")
     root.done()
-    return WorkerConfig(health_port, shutdown, pipelines, periodic_jobs)
+    return WorkerConfig(health_port, shutdown, pipelines, periodic_jobs, kinds)
+
+
+def _kind_limit(table: _Table, name: str) -> KindLimit:
+    """A ``[kinds.NAME]`` table: ``concurrency``, ``limit_by``, ``rate = [starts, seconds]``
+    and ``fair_by``, checked as ``handlers.kind(...)`` checks them."""
+    if not name.strip() or not name.isprintable():
+        raise ConfigError(table.path, "expected a job kind of printable characters")
+    concurrency = table.optional("concurrency", int)
+    if concurrency is not None and concurrency < 1:
+        raise ConfigError(table.key("concurrency"), f"expected a whole number >= 1, got {concurrency}")
+    rate_value = table.optional("rate", list)
+    rate = None
+    if rate_value is not None:
+        starts, seconds = rate_value if len(rate_value) == 2 else (None, None)
+        if (isinstance(starts, bool) or not isinstance(starts, int) or starts < 1 or isinstance(seconds, bool)
+                or not isinstance(seconds, int | float) or seconds <= 0):
+            raise ConfigError(table.key("rate"), f"expected [starts >= 1, seconds > 0] such as [100, 60], "
+                                                 f"got {_show(rate_value)}")
+        rate = (starts, float(seconds))
+    fields = {}
+    for field in ("limit_by", "fair_by"):
+        value = table.optional(field, str)
+        if value is not None and not value.strip():
+            raise ConfigError(table.key(field), "expected the name of a payload field, got an empty string")
+        fields[field] = value
+    if fields["limit_by"] is not None and concurrency is None and rate is None:
+        raise ConfigError(table.key("limit_by"), "needs concurrency or rate to count by it")
+    if concurrency is None and rate is None and fields["fair_by"] is None:
+        raise ConfigError(table.path, "expected at least one of concurrency, rate or fair_by")
+    table.done()
+    return KindLimit(concurrency, fields["limit_by"], rate, fields["fair_by"])
 
 
 def _periodic_job(table: _Table, name: str) -> PeriodicJobConfig:

@@ -114,6 +114,13 @@ class ConnectionPool:
             for other in idle:
                 _discard(other)
 
+    def drop_idle(self) -> None:
+        """Close the idle connection unused the longest, if any: its server slot is
+        wanted by a connection that cannot open without one (the LISTEN connection
+        under a role's or server's connection limit)."""
+        if self._idle:
+            _discard(self._idle.pop(0))
+
     async def close(self) -> None:
         """Close every idle connection: politely within a second (a database that does
         not answer would hold a polite close until its deadline), then at once."""

@@ -118,18 +118,26 @@ class JobTable:
         keys = {row["fair_key"] for row in rows} - {None}
         return _in_claim_order(rows), last_key_served(keys, after_key) if keys else after_key
 
-    async def declare_limits(self, limits: Mapping[str, KindLimit]) -> None:
+    async def declare_limits(self, limits: Mapping[str, KindLimit], *, config: bool = False) -> list[str]:
         """Write the flow control of these kinds (a kind with none has its row removed), and
-        give their waiting jobs the key of fair share it asks for."""
+        give their waiting jobs the key of fair share it asks for. A worker declares the
+        kinds it handles, and leaves alone those an agora/v1 config declared; ``config``
+        declares a config's ``[kinds]`` (they win) and removes the config-declared rows of
+        kinds it no longer lists, which it returns."""
         kinds = sorted(limits)
         rates = [limits[k].rate for k in kinds]
+        released: list[str] = []
         async with self._store.connection() as connection, connection.transaction():
             await connection.execute(
                 queries.DECLARE_KIND_LIMITS, kinds, [limits[k].concurrency for k in kinds],
                 [limits[k].limit_by for k in kinds], [rate[0] if rate else None for rate in rates],
                 [float(rate[1]) if rate else None for rate in rates], [limits[k].fair_by for k in kinds],
+                "config" if config else "code",
             )
+            if config:
+                released = [row["kind"] for row in await connection.fetch(queries.RELEASE_CONFIG_LIMITS, kinds)]
             await connection.execute(queries.KEY_WAITING_JOBS, kinds)
+        return sorted(released)
 
     async def next_rate_room(self, kinds: Sequence[str]) -> float | None:
         """Seconds until a start counted by the rate limits of ``kinds`` leaves its window

@@ -246,9 +246,11 @@ CLAIM_LIMITED_JOBS = f"""
 SELECT {JOB_COLUMNS}, fair_key FROM agora.claim_limited_jobs($1::text[], $2::text[], $3, $4, $5, $6, $7)
 """
 
-# Declare the flow control of kinds a worker handles ($1 kinds, $2 concurrency, $3
-# limit_by, $4 rate, $5 rate_seconds, $6 fair_by; NULL: none): the row is written, a kind
-# with none of them has its row deleted.
+# Declare the flow control of kinds ($1 kinds, $2 concurrency, $3 limit_by, $4 rate, $5
+# rate_seconds, $6 fair_by; NULL: none) where $7 says: 'code' (a worker, for the kinds
+# it handles) or 'config' (an agora/v1 [kinds] table). The row is written, a kind with
+# none of them has its row deleted; a code declaration leaves a config row alone (the
+# operator's config wins), a config declaration overwrites a code row.
 DECLARE_KIND_LIMITS = """
 WITH declared AS (
     SELECT * FROM unnest($1::text[], $2::int[], $3::text[], $4::int[], $5::float8[], $6::text[])
@@ -256,14 +258,25 @@ WITH declared AS (
 ), removed AS (
     DELETE FROM agora.kind_limits AS l USING declared AS d
     WHERE l.kind = d.kind AND d.concurrency IS NULL AND d.rate IS NULL AND d.fair_by IS NULL
+      AND (l.declared_in = 'code' OR $7::text = 'config')
 )
-INSERT INTO agora.kind_limits AS l (kind, concurrency, limit_by, rate, rate_seconds, fair_by)
-SELECT kind, concurrency, limit_by, rate, rate_seconds, fair_by FROM declared
+INSERT INTO agora.kind_limits AS l (kind, concurrency, limit_by, rate, rate_seconds, fair_by, declared_in)
+SELECT kind, concurrency, limit_by, rate, rate_seconds, fair_by, $7::text FROM declared
 WHERE concurrency IS NOT NULL OR rate IS NOT NULL OR fair_by IS NOT NULL
 ON CONFLICT (kind) DO UPDATE SET concurrency = EXCLUDED.concurrency, limit_by = EXCLUDED.limit_by,
-    rate = EXCLUDED.rate, rate_seconds = EXCLUDED.rate_seconds, fair_by = EXCLUDED.fair_by, updated_at = now()
-    WHERE (l.concurrency, l.limit_by, l.rate, l.rate_seconds, l.fair_by)
-        IS DISTINCT FROM (EXCLUDED.concurrency, EXCLUDED.limit_by, EXCLUDED.rate, EXCLUDED.rate_seconds, EXCLUDED.fair_by)
+    rate = EXCLUDED.rate, rate_seconds = EXCLUDED.rate_seconds, fair_by = EXCLUDED.fair_by,
+    declared_in = EXCLUDED.declared_in, updated_at = now()
+    WHERE (l.declared_in = 'code' OR EXCLUDED.declared_in = 'config')
+      AND (l.concurrency, l.limit_by, l.rate, l.rate_seconds, l.fair_by, l.declared_in)
+        IS DISTINCT FROM (EXCLUDED.concurrency, EXCLUDED.limit_by, EXCLUDED.rate, EXCLUDED.rate_seconds,
+                          EXCLUDED.fair_by, EXCLUDED.declared_in)
+"""
+
+# A config's [kinds] table no longer lists these config-declared kinds: their rows go
+# (the next start of a worker that handles one declares the code's limits again; a
+# running one does so within LIMITS_REFRESH_SECONDS). $1: the kinds the config lists.
+RELEASE_CONFIG_LIMITS = """
+DELETE FROM agora.kind_limits WHERE declared_in = 'config' AND NOT kind = ANY($1::text[]) RETURNING kind
 """
 
 # Give the waiting jobs of kinds $1 (text[]) the fair_key their kind's declaration asks
@@ -956,7 +969,7 @@ KIND_LIMITS_NOW = f"""
 SELECT l.kind, l.concurrency, l.limit_by, l.rate, l.rate_seconds, l.fair_by,
        (SELECT count(*) FROM agora.jobs AS j WHERE j.status = 'processing' AND j.kind = l.kind)::int AS running,
        (SELECT count(*) FROM agora.limit_room(ARRAY[l.kind]) AS r WHERE r.room <= 0)::int AS full_keys,
-       w.waiting, w.waiting_keys
+       w.waiting, w.waiting_keys, l.declared_in
 FROM agora.kind_limits AS l
 CROSS JOIN LATERAL (
     SELECT count(*)::int AS waiting, count(DISTINCT j.fair_key)::int AS waiting_keys FROM agora.jobs AS j

@@ -55,7 +55,8 @@ class MetricsSnapshot:
 class KindLimitNow:
     """A kind under flow control now (``queries.KIND_LIMITS_NOW``): its limits (per key of
     ``limit_by``), the field it is shared by, its running jobs, its keys at a limit, its
-    due jobs waiting and how many keys of fair share they have."""
+    due jobs waiting and how many keys of fair share they have; ``declared_in``: ``code``
+    or ``config`` (an agora/v1 ``[kinds]`` table)."""
 
     kind: str
     concurrency: int | None
@@ -67,6 +68,7 @@ class KindLimitNow:
     full_keys: int
     waiting: int
     waiting_keys: int
+    declared_in: str
 
 
 def oldest_due_by_queue(ages: Iterable[tuple[str, Any]]) -> dict[str, float]:

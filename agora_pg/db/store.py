@@ -288,6 +288,8 @@ class Store:
         except CONNECTION_ERRORS as error:
             raise self._unavailable(error) from error
         except asyncpg.PostgresError as error:  # refused: too many connections, no such database...
+            if isinstance(error, asyncpg.TooManyConnectionsError) and self._own is not None:
+                self._own.drop_idle()  # an idle pooled connection must not keep the listener out for good
             raise TransientDatabaseError(f"LISTEN connection refused: {error}") from error
         listen = ListenConnection(connection)
         try:

@@ -221,8 +221,10 @@ kind_limits = Table(
     CheckConstraint("(rate IS NULL) = (rate_seconds IS NULL) AND (rate IS NULL OR (rate > 0 AND rate_seconds > 0))",
                     name="kind_limits_rate_positive"),
     CheckConstraint("concurrency IS NOT NULL OR rate IS NOT NULL OR fair_by IS NOT NULL", name="kind_limits_some_limit"),
+    Column("declared_in", Text, nullable=False, server_default=text("'code'"), comment="Where the limits were declared: 'code' (handlers.kind) or 'config' (an agora/v1 [kinds.NAME] table, which a code declaration leaves alone)."),
     CheckConstraint("fair_by IS NULL OR fair_by <> ''", name="kind_limits_fair_by_not_empty"),
-    comment="Flow control of job kinds (concurrency and rate limits, fair share), declared by the workers that handle them.",
+    CheckConstraint("declared_in IN ('code', 'config')", name="kind_limits_declared_in_known"),
+    comment="Flow control of job kinds (concurrency and rate limits, fair share), declared by the workers that handle them or by an agora/v1 config.",
 )
 
 kind_starts = Table(

@@ -80,8 +80,9 @@ def periodic_job(config: PeriodicJobConfig) -> PeriodicJob:
 
 def build_worker_pool(config: WorkerConfig) -> WorkerPool:
     """The WorkerPool a config describes: one ScheduledPipeline per pipeline, one
-    PeriodicJob per periodic job."""
+    PeriodicJob per periodic job, and the flow control its [kinds] declare."""
     pool = WorkerPool(health_port=config.health_port, graceful_shutdown_timeout=config.graceful_shutdown_timeout)
+    pool.kind_limits = config.kinds
     for pipeline in config.pipelines.values():
         pool.register(scheduled_pipeline(pipeline))
     for job in config.periodic_jobs.values():

@@ -19,6 +19,7 @@ from typing import Any
 
 from agora_pg.db import queries
 from agora_pg.db.connect import resolve_database
+from agora_pg.db.job_rows import KindLimit
 from agora_pg.db.store import Store
 from agora_pg.errors import AgoraError, DatabaseUnavailable
 from agora_pg.lifecycle import shutdown_signals, wait_tasks_or_event
@@ -28,7 +29,7 @@ from agora_pg.runner.periodic_job import PeriodicJob
 from agora_pg.runner.schedule_listener import listen_for_schedule_changes
 from agora_pg.runner.scheduled_pipeline import PipelineStatus, RunAbandoned, ScheduledPipeline, ScheduleStopped
 from agora_pg.runner.scheduler import MAX_WAIT, Scheduler
-from agora_pg.runtime.database_calls import StopSignal
+from agora_pg.runtime.database_calls import StopSignal, Stopped, retry_database
 from agora_pg.runtime.leases import LeaseSupervisor, supervising
 from agora_pg.runtime.process import check_schema, new_worker_id, warn_unknown_settings
 from agora_pg.settings import Settings, load_settings
@@ -100,6 +101,8 @@ class WorkerPool:
         self._aborting = StopSignal()
         self._store: Store | None = None
         self._error_details = False
+        # an agora/v1 config's [kinds] tables: declared at start, over the code's (None: left alone)
+        self.kind_limits: dict[str, KindLimit] | None = None
 
     def register(self, item: ScheduledPipeline | PeriodicJob | Worker) -> WorkerPool:
         """Add a ScheduledPipeline, a PeriodicJob or the job Worker; returns self for chaining."""
@@ -160,10 +163,25 @@ class WorkerPool:
                 self._store = store
                 try:
                     await check_schema(store)
+                    if self.kind_limits is not None and not await self._declare_kind_limits(store):
+                        return  # stopped before it could
                     await self._serve(store, settings)
                 finally:
                     self._store = None
                     await store.close()
+
+    async def _declare_kind_limits(self, store: Store) -> bool:
+        """Declare the config's flow control (waiting out an unreachable database); False
+        when stopped first."""
+        limits = self.kind_limits or {}
+        try:
+            released = await retry_database(lambda: store.jobs.declare_limits(limits, config=True),
+                                            what="declaring the kinds' limits", stop=self._stopping)
+        except Stopped:
+            return False
+        log.info("flow control of %s declared by the config%s", ", ".join(sorted(limits)) or "no kind",
+                 f"; released {', '.join(released)} to the code's" if released else "")
+        return True
 
     async def _serve(self, store: Store, settings: Settings) -> None:
         worker_id = self.job_worker.id if self.job_worker is not None else new_worker_id()

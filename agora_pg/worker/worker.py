@@ -203,11 +203,13 @@ class _WorkerRun:
         self.limits_read_at = -LIMITS_REFRESH_SECONDS
         self.rate_wake: asyncio.TimerHandle | None = None  # wakes the claim loop when a rate window has room
         self.fair_cursor: str | None = None  # the last key of fair share served: the next claim starts after it
+        # the flow control its handlers declare (every kind it handles: one without any has its row removed)
+        self.code_limits = ({kind: KindLimit(options.concurrency, options.limit_by, options.rate, options.fair_by)
+                             for kind, options in worker.kind_options.items()} if worker.claim_kinds is None else {})
 
     async def serve(self) -> None:
         worker, settings = self.worker, self.settings
-        limits = ({kind: KindLimit(options.concurrency, options.limit_by, options.rate, options.fair_by)
-                   for kind, options in worker.kind_options.items()} if worker.claim_kinds is None else {})
+        limits = self.code_limits
 
         async def register() -> None:  # (both statements are idempotent: a retry runs both again)
             await self.store.workers.register(worker.id, socket.gethostname(), os.getpid(), settings.queues,
@@ -300,6 +302,10 @@ class _WorkerRun:
         if worker.claim_kinds is None:
             if time.monotonic() - self.limits_read_at >= LIMITS_REFRESH_SECONDS:
                 limited = await self.store.jobs.limited_kinds(self.known_kinds)
+                if {kind for kind, limit in self.code_limits.items() if limit != KindLimit()} - limited.keys():
+                    # a kind's row is gone (a config released it): the code's limits hold again
+                    await self.store.jobs.declare_limits(self.code_limits)
+                    limited = await self.store.jobs.limited_kinds(self.known_kinds)
                 self.limited_kinds = tuple(sorted(limited))
                 self.rated_kinds = tuple(sorted(kind for kind, rated in limited.items() if rated))
                 self.limits_read_at = time.monotonic()

@@ -24,6 +24,7 @@ from agora_pg import JobSpec, Queue
 from agora_pg.db import migrate
 from agora_pg.db.connect import Database
 from agora_pg.db.store import Store
+from agora_pg.errors import TransientDatabaseError
 
 from ..conftest import Processes, Server
 from ..faults import PgProxy, PrivateServer, free_port, proxied
@@ -505,8 +506,30 @@ async def test_a_worker_waits_out_a_connection_limit_that_refuses_its_listen_con
         assert code == 0, output[-3000:]
         assert "too many connections for role" in output and "retrying in" in output
         assert set(completed_once(ledger_dir).values()) == {1}
+        await _idle_pooled_connections_give_way_to_the_listener(limited)
     finally:
         server.cleanup()
+
+
+async def _idle_pooled_connections_give_way_to_the_listener(limited: str) -> None:
+    """A Store whose pool grew to take every slot of the role, all idle now: its
+    LISTEN connection is refused once, and gets a slot on the next try."""
+    store = Store.open(Database(limited), pool_size=2)  # up to four pooled connections: the role's limit
+    try:
+        await asyncio.gather(*(store.fetch("SELECT pg_sleep(0.3)") for _ in range(4)))
+        with pytest.raises(TransientDatabaseError, match="too many connections"):
+            await store.listen({"agora_jobs": lambda payload: None})
+        listener = None
+        for _ in range(50):  # the dropped connection's server process takes a moment to exit
+            try:
+                listener = await store.listen({"agora_jobs": lambda payload: None})
+                break
+            except TransientDatabaseError:
+                await asyncio.sleep(0.1)
+        assert listener is not None, "the listener never got the idle connection's slot"
+        await listener.close()
+    finally:
+        await store.close()
 
 
 async def _listening_as(url: str, role: str) -> bool:

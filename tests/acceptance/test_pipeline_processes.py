@@ -55,6 +55,11 @@ def test_a_wrong_config_fails_before_anything_runs(database_url: str, tmp_path: 
             'agora-pg: pipelines.orders.schedule.minutes: expected a positive number, got "15m"')
     missing = run_cli("run", "--config", str(tmp_path / "nope.toml"), env=worker_env(database_url))
     assert missing.returncode == 2 and "agora-pg: --config: cannot read" in missing.stderr
+    config.write_text(SEED.read_text() + '[kinds."mail\\u001b[2J"]\nconcurrency = 1\n')  # a kind that clears a screen
+    forged = run_cli("worker", "--config", str(config), env=worker_env(database_url))
+    assert forged.returncode == 2 and "\x1b" not in forged.stderr, forged
+    assert forged.stderr.strip().splitlines()[-1] == (
+        "agora-pg: kinds.mail\\x1b[2J: expected a job kind of printable characters")
 
 
 def _csv_config(tmp_path: Path, database_url: str, rows: int) -> Path:

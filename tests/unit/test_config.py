@@ -208,3 +208,49 @@ def test_a_wrong_periodic_job_names_the_key_path(change: tuple[str, str], messag
 def test_a_config_without_pipelines_or_periodic_jobs_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"^pipelines: expected at least one \[pipelines.NAME\] or \[periodic_jobs.NAME\]"):
         load_config('format = "agora/v1"\n[worker]\nhealth_port = 1\n', {})
+
+
+KINDS = PERIODIC + """
+[kinds.send_report]
+concurrency = 2
+limit_by = "customer"
+rate = [100, 60]
+[kinds.ping]
+fair_by = "tenant"
+"""
+
+
+def test_kinds_tables_declare_flow_control() -> None:
+    from agora_pg.db.job_rows import KindLimit
+    from agora_pg.runner.assembly import build_worker_pool
+
+    config = load_config(KINDS, {})
+    assert config.kinds == {"send_report": KindLimit(2, "customer", (100, 60.0), None),
+                            "ping": KindLimit(fair_by="tenant")}
+    assert build_worker_pool(config).kind_limits == config.kinds
+    assert load_config(PERIODIC, {}).kinds is None  # no [kinds] table: the limits are left alone
+    assert load_config(PERIODIC + "[kinds]\n", {}).kinds == {}  # an empty one: the config declares none
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (("concurrency = 2", "concurrency = 0"), "kinds.send_report.concurrency: expected a whole number >= 1, got 0"),
+        (("concurrency = 2", 'concurrency = "2"'), 'kinds.send_report.concurrency: expected a whole number, got "2"'),
+        (("rate = [100, 60]", "rate = [100]"), "kinds.send_report.rate: expected [starts >= 1, seconds > 0]"),
+        (("rate = [100, 60]", "rate = [0, 60]"), "kinds.send_report.rate: expected [starts >= 1, seconds > 0]"),
+        (("rate = [100, 60]", "rate = [100, -1]"), "kinds.send_report.rate: expected [starts >= 1, seconds > 0]"),
+        (("rate = [100, 60]", 'rate = "100/min"'), 'kinds.send_report.rate: expected an array, got "100/min"'),
+        (('fair_by = "tenant"', 'fair_by = ""'), "kinds.ping.fair_by: expected the name of a payload field"),
+        (('fair_by = "tenant"', 'limit_by = "tenant"'), "kinds.ping.limit_by: needs concurrency or rate"),
+        (('fair_by = "tenant"', ''), "kinds.ping: expected at least one of concurrency, rate or fair_by"),
+        (('fair_by = "tenant"', 'fair_by = "tenant"\nweight = 2'), "kinds.ping.weight: unknown key"),
+        (("[kinds.ping]", '[kinds."ping\\u001b[2J"]'), 'kinds.ping\x1b[2J: expected a job kind of printable characters'),
+    ],
+)
+def test_a_wrong_kinds_table_names_the_key_path(change: tuple[str, str], message: str) -> None:
+    old, new = change
+    assert old in KINDS
+    with pytest.raises(ConfigError) as caught:
+        load_config(KINDS.replace(old, new, 1), {})
+    assert str(caught.value).startswith(message), str(caught.value)
