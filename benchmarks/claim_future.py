@@ -46,14 +46,14 @@ async def _measure(connection: Any, due: int, claims: int) -> dict[str, float]:
         transaction = connection.transaction()
         await transaction.start()
         started = time.perf_counter()
-        rows = await connection.fetch(queries.CLAIM_JOBS, "default", due, "bench", 30.0)
+        rows = await connection.fetch(queries.CLAIM_JOBS, "default", due, "bench", 30.0, True, 2)
         timings.append(time.perf_counter() - started)
         await transaction.rollback()
         assert len(rows) == due, len(rows)
     transaction = connection.transaction()
     await transaction.start()
     [[plan]] = await connection.fetch(
-        f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {queries.CLAIM_JOBS}", "default", due, "bench", 30.0
+        f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {queries.CLAIM_JOBS}", "default", due, "bench", 30.0, True, 2
     )
     await transaction.rollback()
     scan = _index_scan(json.loads(plan)[0]["Plan"])

@@ -85,21 +85,23 @@ class JobTable:
 
     async def claim(
         self, queues: Sequence[str], limit: int, worker_id: str, lease_seconds: float,
-        kinds: Sequence[str] | None = None,
+        kinds: Sequence[str] | None = None, *, suspects: bool = True, suspect_lost: int = 1,
     ) -> list[Job]:
         """Claim up to ``limit`` due jobs, highest priority first (only of ``kinds``, if
-        given, from one queue)."""
+        given, from one queue). Of the jobs that lost ``suspect_lost`` attempts or more,
+        at most one, and none without ``suspects``."""
+        lease = float(lease_seconds)
         if kinds is not None:
             (queue,) = queues
             rows = await self._store.fetch(
-                queries.CLAIM_JOBS_OF_KINDS, queue, limit, worker_id, float(lease_seconds), list(kinds)
+                queries.CLAIM_JOBS_OF_KINDS, queue, limit, worker_id, lease, suspects, suspect_lost, list(kinds)
             )
         elif len(queues) == 1:
-            rows = await self._store.fetch(queries.CLAIM_JOBS, queues[0], limit, worker_id, float(lease_seconds))
+            rows = await self._store.fetch(queries.CLAIM_JOBS, queues[0], limit, worker_id, lease, suspects,
+                                           suspect_lost)
         else:
-            rows = await self._store.fetch(
-                queries.CLAIM_JOBS_FROM_QUEUES, list(queues), limit, worker_id, float(lease_seconds)
-            )
+            rows = await self._store.fetch(queries.CLAIM_JOBS_FROM_QUEUES, list(queues), limit, worker_id, lease,
+                                           suspects, suspect_lost)
         return _in_claim_order(rows)
 
     async def claim_limited(

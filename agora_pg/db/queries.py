@@ -188,7 +188,9 @@ RETURNING {", ".join("j." + c.strip() for c in JOB_COLUMNS.split(","))}
 
 _CLAIM_UPDATE = _claim_update("$3", "$4")
 
-# Claim up to $2 due jobs of queue $1 for worker $3, with a lease of $4 seconds (see _JOB_LEASE).
+# Claim up to $2 due jobs of queue $1 for worker $3, with a lease of $4 seconds (see _JOB_LEASE);
+# $5, $6: whether a job with lost attempts may be among them, and how many make a suspect
+# (_SUSPECTS_IF_ALLOWED).
 # `queue = $1` (not `= ANY(...)`) lets the scan read jobs_claimable_idx in its order
 # and stop after $2 rows; with ANY, PostgreSQL fetches every due row and sorts them.
 # Delayed jobs are not in that index (PROMOTE_DUE_JOBS moves them in once due), so
@@ -199,37 +201,48 @@ _CLAIM_UPDATE = _claim_update("$3", "$4")
 # estimates, where few kinds are queued, that the test keeps almost no row, and sorts
 # every due job instead of reading the claim index in order.
 _UNLIMITED = "(kind || '') <> ALL(ARRAY(SELECT kind FROM agora.kind_limits))"
+# Jobs that lost $6 attempts or more are "suspects": one may be what kills workers, so a
+# worker runs one at a time, and a job that kills its process takes the same neighbours
+# down fewer times than it takes to fail them (the worker's threshold: one below
+# WORKER_MAX_LOST_ATTEMPTS). $5 (boolean): whether this worker may take one now (it runs
+# none). A claim takes at most one, the first in claim order; without $5 it reads past
+# them. Either way the jobs behind a crowd of suspects still run, none given back.
+_SUSPECTS_IF_ALLOWED = "(lost_count < $6 OR $5::boolean)"
+_AT_MOST_ONE_SUSPECT = """
+    SELECT id FROM taken
+    WHERE lost_count < $6 OR id = (SELECT id FROM taken WHERE lost_count >= $6 ORDER BY priority DESC, run_at, id LIMIT 1)
+"""
 
 CLAIM_JOBS = f"""
-WITH next AS (
-    SELECT id FROM agora.jobs
-    WHERE ({CLAIMABLE_NOW}) AND queue = $1 AND run_at <= now() AND {_UNLIMITED}
+WITH taken AS (
+    SELECT id, priority, run_at, lost_count FROM agora.jobs
+    WHERE ({CLAIMABLE_NOW}) AND queue = $1 AND run_at <= now() AND {_UNLIMITED} AND {_SUSPECTS_IF_ALLOWED}
     ORDER BY priority DESC, run_at, id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
-)
+), next AS ({_AT_MOST_ONE_SUSPECT})
 {_CLAIM_UPDATE}"""
 
-# The same, only of the kinds $5 (text[]): a process claims the runs of the pipelines it
+# The same, only of the kinds $7 (text[]): a process claims the runs of the pipelines it
 # registered (PIPELINE_QUEUE holds every process's), no other.
-CLAIM_JOBS_OF_KINDS = CLAIM_JOBS.replace("AND run_at <= now()", "AND run_at <= now() AND kind = ANY($5::text[])")
+CLAIM_JOBS_OF_KINDS = CLAIM_JOBS.replace("AND run_at <= now()", "AND run_at <= now() AND kind = ANY($7::text[])")
 
 # The same for several queues $1 (text[]): each queue's best due jobs, read and locked
 # in index order, then the best of those across queues. Rows locked but not chosen are
 # released when the statement ends (other workers skip them for that long).
 CLAIM_JOBS_FROM_QUEUES = f"""
-WITH next AS (
-    SELECT best.id FROM unnest($1::text[]) AS q(name)
+WITH taken AS (
+    SELECT best.* FROM unnest($1::text[]) AS q(name)
     CROSS JOIN LATERAL (
-        SELECT id, priority, run_at FROM agora.jobs
-        WHERE ({CLAIMABLE_NOW}) AND queue = q.name AND run_at <= now() AND {_UNLIMITED}
+        SELECT id, priority, run_at, lost_count FROM agora.jobs
+        WHERE ({CLAIMABLE_NOW}) AND queue = q.name AND run_at <= now() AND {_UNLIMITED} AND {_SUSPECTS_IF_ALLOWED}
         ORDER BY priority DESC, run_at, id
         LIMIT $2
         FOR UPDATE SKIP LOCKED
     ) AS best
     ORDER BY best.priority DESC, best.run_at, best.id
     LIMIT $2
-)
+), next AS ({_AT_MOST_ONE_SUSPECT})
 {_CLAIM_UPDATE}"""
 
 # -- limited kinds -------------------------------------------------------------

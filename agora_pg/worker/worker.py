@@ -190,7 +190,11 @@ class _WorkerRun:
         self.rescuer = JobRescuer(store, settings.max_lost_attempts, settings.max_retries,
                                   lease_seconds=settings.lease_seconds)
         self.running: set[Attempt] = set()  # by identity, not job id: a job may come back to this worker
-        self.suspects_running = 0  # attempts of jobs with lost attempts (at most one is claimed at a time)
+        self.suspects_running = 0  # attempts of suspects (at most one is claimed at a time)
+        # A job that lost this many attempts is a suspect (it may be what kills workers): one
+        # below the most it may lose, so that a job that kills its process, run beside the
+        # same neighbours until it becomes one, never takes them to their limit.
+        self.suspect_lost = max(1, settings.max_lost_attempts - 1)
         self.known_kinds = tuple(worker.handlers)
         self.side_tasks: list[asyncio.Task[None]] = []
         self.side_stop = StopSignal()
@@ -275,10 +279,12 @@ class _WorkerRun:
                 if free > 0:
                     limit = min(free, self.claim_batch)
                     claimed_at = time.monotonic()
+                    had_suspect = self.suspects_running
                     jobs = await self._claim(limit)
                     pause.reset()
                     self._start(await self._one_suspect_at_most(jobs), claimed_at)
-                    if len(jobs) == limit:
+                    # (a claim that took a suspect left the others behind it: the next reads past them)
+                    if len(jobs) == limit or (self.suspects_running and not had_suspect):
                         await asyncio.sleep(0)  # let finished handlers free their slots, then claim again
                         continue
             except _Stopping:
@@ -319,7 +325,8 @@ class _WorkerRun:
             try:
                 jobs += await self._unless_stopping(
                     self.store.jobs.claim(settings.queues, limit - len(jobs), worker.id, settings.lease_seconds,
-                                          worker.claim_kinds)
+                                          worker.claim_kinds, suspects=not self.suspects_running,
+                                          suspect_lost=self.suspect_lost)
                 )
             except _Stopping:
                 raise
@@ -349,10 +356,11 @@ class _WorkerRun:
             raise _Stopping() from None
 
     async def _one_suspect_at_most(self, jobs: list[Job]) -> list[Job]:
-        """Keep at most one job with lost attempts (a "suspect": it may be what kills
-        workers) running here at a time, so that a job that kills its process never takes
-        the same neighbours down twice; the other suspects go back at once, uncounted."""
-        suspects = [job for job in jobs if job.lost_count]
+        """Keep at most one suspect (``suspect_lost`` lost attempts or more: it may be what
+        kills workers) running here at a time; the others go back at once, uncounted. (The
+        plain claim takes one at most already: this is for the limited claim's and adopted
+        jobs.)"""
+        suspects = [job for job in jobs if job.lost_count >= self.suspect_lost]
         keep = 0 if self.suspects_running else 1
         if len(suspects) <= keep:
             return jobs
@@ -400,7 +408,7 @@ class _WorkerRun:
             )
             attempt.task = asyncio.create_task(self._run(attempt), name=f"job-{job.id}")
             self.running.add(attempt)
-            if job.lost_count:
+            if job.lost_count >= self.suspect_lost:
                 self.suspects_running += 1
             attempts.append(attempt)
         own_lease = [attempt for attempt in attempts if attempt.job.lease_expires_at is not None]
@@ -427,7 +435,7 @@ class _WorkerRun:
         finally:
             if not attempt.in_thread:
                 self.running.discard(attempt)
-                if attempt.job.lost_count:
+                if attempt.job.lost_count >= self.suspect_lost:
                     self.suspects_running -= 1
                 # The outcome may wait a while to be written: let the task (and its context)
                 # go now rather than keep thousands alive for the garbage collector to scan.

@@ -39,6 +39,7 @@ from .harness import (
     chaos_env,
     measure_flow,
     peak_running,
+    rate,
     read_ends,
     read_ledger,
     rerun_delays,
@@ -163,6 +164,90 @@ async def limits_under_kills(setup: Setup, size: Size) -> Result:
         result.extra_violations.append(f"keys over their limit of {LIMIT_PER_KEY}: {over}")
     if len(peaks) < LIMIT_KEYS or max(peaks.values()) < LIMIT_PER_KEY:
         result.extra_violations.append(f"the limit was never reached ({len(peaks)} keys ran): the test proves nothing")
+    return result
+
+
+async def cancels_under_kills(setup: Setup, size: Size) -> Result:
+    """4 workers (lease 6 s) drain jobs of 1 s; during a storm that kills a random worker
+    with SIGKILL every 1.5 s (and starts another), running jobs are cancelled through the
+    API. Every acknowledged cancel must end ``cancelled`` (or ``done`` by the attempt it
+    found, whose handler returned before the cancel reached it) with no attempt started
+    after it, and the drain after the storm must run at least half as fast as before it."""
+    full = size.name == "full"
+    jobs, kills, cancels = (2000, 16, 100) if full else (600, 4, 20)
+    fleet, ledger = setup.fleet(WORKER_LEASE_SECONDS="6")
+    api, base = await _start_api(setup, dict(fleet.env))
+    fleet.start(4)
+    await wait_workers(setup.database_url, 4)
+    rng = random.Random(setup.seed)
+    store = Store.open(Database(setup.database_url), pool_size=1)
+    try:
+        enqueued = await store.jobs.enqueue([JobSpec("work", {"seconds": 1.0}) for _ in range(jobs)])
+    finally:
+        await store.close()
+    acknowledged = [job.id for job, _ in enqueued]
+    storm_start = time.time() + size.baseline
+    await asyncio.sleep(size.baseline)
+    acked: dict[int, int] = {}  # job id -> its attempt when the cancel was acknowledged
+    connection = await asyncpg.connect(setup.database_url)
+    try:
+        async with httpx.AsyncClient(timeout=10) as client:
+            for kill in range(kills):
+                fleet.kill_random(rng)
+                fleet.start(1)
+                running = [row["id"] for row in await connection.fetch(
+                    "SELECT id FROM agora.jobs WHERE status = 'processing' AND kind = 'work' ORDER BY random() "
+                    "LIMIT $1", -(-cancels // kills))]
+                for job_id in running[: cancels - len(acked)]:
+                    response = await client.post(f"{base}/jobs/{job_id}/cancel")
+                    if response.status_code == 200:
+                        acked[job_id] = int(response.json()["attempt"])
+                await asyncio.sleep(max(0.0, storm_start + 1.5 * (kill + 1) - time.time()))
+    finally:
+        await connection.close()
+    storm_end = time.time()
+    drained = await wait_drained(setup.database_url, 240.0)
+    drained_at = time.time()
+    codes = fleet.stop()
+    api.terminate()
+    api.wait(10)
+    executions = read_ledger(ledger)
+    counts = await tally(setup.database_url, executions, fleet.killed, acknowledged)
+    connection = await asyncpg.connect(setup.database_url)
+    try:
+        ended = {row["id"]: (row["status"], row["attempt"]) for row in await connection.fetch(
+            "SELECT id, status, attempt FROM agora.jobs WHERE id = ANY($1::bigint[])", list(acked))}
+        # a handler that returned before the cancel reached it: done, by the attempt the cancel found
+        finished_first = sorted(job_id for job_id in acked if ended.get(job_id) == ("done", acked[job_id]))
+        forgotten = sorted(job_id for job_id in acked
+                           if ended.get(job_id, ("",))[0] != "cancelled" and job_id not in finished_first)
+        histories = [f"job {job_id} (cancel acknowledged at attempt {acked[job_id]}): " + "; ".join(
+            f"attempt {run['attempt']} {run['status']} {run['error_type'] or ''}".strip()
+            for run in await connection.fetch(
+                "SELECT attempt, status, error_type FROM agora.runs WHERE job_id = $1 ORDER BY id", job_id))
+            for job_id in forgotten[:3]]
+    finally:
+        await connection.close()
+    ran_after = sorted({e.job_id for e in executions if e.job_id in acked and e.attempt > acked[e.job_id]})
+    first = min((e.at for e in executions), default=storm_start)
+    before = rate(executions, first, storm_start)
+    # the drain after the storm, up to its last start (the final second runs fewer at once)
+    last_start = max((e.at for e in executions if e.at >= storm_end), default=storm_end)
+    after = rate(executions, storm_end, last_start) if last_start - storm_end >= 2.0 else before
+    result = Result("cancels_under_kills", size.name, counts, before=round(before, 1), after=round(after, 1),
+                    shape=False, notes={"kills": kills, "cancels_acknowledged": len(acked),
+                                        "done_before_the_cancel_reached_them": len(finished_first),
+                                        "jobs_per_s_before": round(before, 1), "drained": drained,
+                                        "drain_seconds": round(drained_at - storm_end, 1), "stop_codes": codes})
+    if len(acked) < cancels // 2:
+        result.extra_violations.append(f"only {len(acked)} cancels acknowledged: the test proves little")
+    if forgotten:
+        result.extra_violations.append(f"acknowledged cancels not cancelled: {forgotten[:10]} ({len(forgotten)}); "
+                                       + " | ".join(histories))
+    if ran_after:
+        result.extra_violations.append(f"jobs run again after their cancel was acknowledged: {ran_after[:10]}")
+    if after < before / 2:
+        result.extra_violations.append(f"the drain after the storm ran {after:.1f}/s, under half the {before:.1f}/s before")
     return result
 
 
@@ -895,6 +980,7 @@ SCENARIOS: dict[str, Callable[[Setup, Size], Awaitable[Result]]] = {
     "crash_recovery": crash_recovery,
     "repeated_kills": repeated_kills,
     "limits_under_kills": limits_under_kills,
+    "cancels_under_kills": cancels_under_kills,
     "postgres_restart_fast": lambda setup, size: postgres_restart(setup, size, "fast", 1.0),
     "postgres_restart_immediate": lambda setup, size: postgres_restart(setup, size, "immediate", 1.0),
     "postgres_restart_held": lambda setup, size: postgres_restart(setup, size, "fast", LEASE_SECONDS + 3.0),

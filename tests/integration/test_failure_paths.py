@@ -15,7 +15,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from agora_pg import Fail, Handlers, Job, JobStatus, Queue, Retry, Settings, Worker
+from agora_pg import Fail, Handlers, Job, JobSpec, JobStatus, Queue, Retry, Settings, Worker
 from agora_pg.db.store import Store
 from agora_pg.db.connect import Database
 from agora_pg.errors import ConnectionLost, DatabaseUnavailable
@@ -383,7 +383,7 @@ async def test_a_worker_runs_one_job_with_lost_attempts_at_a_time(queue: Queue, 
     async with store.connection() as connection:
         await connection.execute(
             "UPDATE agora.jobs SET lost_count = 1 WHERE id = ANY($1::bigint[])", [job.id for job in suspects]
-        )
+        )  # with at most 2 lost attempts, one makes a suspect (one below the most it may lose)
     running_suspects: list[int] = []
     most = 0
 
@@ -395,13 +395,70 @@ async def test_a_worker_runs_one_job_with_lost_attempts_at_a_time(queue: Queue, 
             await asyncio.sleep(0.3)
             running_suspects.remove(job.id)
 
-    async with running(Worker({"tracked": tracked}, settings=settings.replace(concurrency=10))):
+    async with running(Worker({"tracked": tracked}, settings=settings.replace(concurrency=10, max_lost_attempts=2))):
         for job in suspects + plain:
             await wait_until(lambda job=job: finished(store, job.id))
     assert most == 1
     for job in suspects:
         done = await store.jobs.get(job.id)
         assert (done.status, done.lost_count) == (JobStatus.DONE, 1)  # given back uncounted while another ran
+
+
+async def test_jobs_behind_a_crowd_of_suspects_run_beside_the_one_suspect(
+    queue: Queue, store: Store, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After a kill storm the head of the queue is jobs with lost attempts: a worker runs
+    one of them at a time, and the jobs behind them beside it, without claiming suspects
+    only to give them back."""
+    suspects = await queue.enqueue_many([JobSpec("tracked", {"suspect": True}) for _ in range(20)])
+    plain = await queue.enqueue_many([JobSpec("tracked", {"suspect": False}) for _ in range(20)])
+    async with store.connection() as connection:
+        await connection.execute(
+            "UPDATE agora.jobs SET lost_count = 2 WHERE id = ANY($1::bigint[])", [job.id for job in suspects])
+    finished_suspects = running_suspects = most_at_once = 0
+
+    async def tracked(job: Job, resources: Any) -> None:
+        nonlocal finished_suspects, running_suspects, most_at_once
+        if job.payload["suspect"]:
+            running_suspects += 1
+            most_at_once = max(most_at_once, running_suspects)
+            await asyncio.sleep(0.3)
+            running_suspects -= 1
+            finished_suspects += 1
+
+    caplog.set_level(logging.INFO, logger="agora_pg.worker")
+    async with running(Worker({"tracked": tracked}, settings=settings.replace(concurrency=10))):
+        for job in plain:
+            await wait_until(lambda job=job: finished(store, job.id), timeout=10)
+        suspects_by_then = finished_suspects
+        for job in suspects:
+            await wait_until(lambda job=job: finished(store, job.id), timeout=30)
+    assert suspects_by_then <= 3, suspects_by_then  # the plain jobs did not wait for the suspects
+    assert not [r for r in caplog.records if "gave back" in r.getMessage()]
+    assert most_at_once == 1
+
+
+async def test_a_job_that_lost_one_attempt_of_three_is_no_suspect(queue: Queue, store: Store, settings: Settings) -> None:
+    """A single lost attempt is ordinary (a deploy, a lost node): with the default three,
+    such jobs run side by side at full speed after a storm of kills."""
+    jobs = await queue.enqueue_many([JobSpec("tracked") for _ in range(6)])
+    async with store.connection() as connection:
+        await connection.execute("UPDATE agora.jobs SET lost_count = 1 WHERE id = ANY($1::bigint[])", [j.id for j in jobs])
+    at_once = 0
+    most = 0
+
+    async def tracked(job: Job, resources: Any) -> None:
+        nonlocal at_once, most
+        at_once += 1
+        most = max(most, at_once)
+        await asyncio.sleep(0.3)
+        at_once -= 1
+
+    assert settings.max_lost_attempts == 3
+    async with running(Worker({"tracked": tracked}, settings=settings.replace(concurrency=10))):
+        for job in jobs:
+            await wait_until(lambda job=job: finished(store, job.id))
+    assert most == 6
 
 
 async def _terminated_mid_call(store: Store, database_url: str) -> None:
