@@ -153,6 +153,12 @@ class PipelineInterrupted(AgoraError):
     at shutdown: not counted as a failure, and due again at once."""
 
 
+class HandlerThreadStuck(AgoraError):
+    """A sync handler's thread had not returned a lease after its attempt's deadline: the
+    attempt was recorded and the worker stopped, so that the process (the only way to
+    end a Python thread) is restarted."""
+
+
 class TooManyStreams(AgoraError):
     """An API process holds as many ``/events`` streams as it may (``AGORA_PG_API_MAX_EVENT_STREAMS``)."""
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from agora_pg.printable import escape_controls
@@ -42,6 +44,29 @@ class TextFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         return escape_controls(super().format(record), newlines="\n    ")
+
+
+class Repeated:
+    """A log line that may come once per job (a storm of kills, timeouts or an outage
+    stopping hundreds at once): the first in each ``window`` seconds is logged at
+    ``level`` with how many more came since the last one logged; the others go to DEBUG."""
+
+    def __init__(self, logger: logging.Logger, level: int, window: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._logger, self._level, self._window, self._clock = logger, level, window, clock
+        self._next_at = float("-inf")
+        self._unsaid = 0
+
+    def log(self, message: str, *args: object) -> None:
+        now = self._clock()
+        if now < self._next_at:
+            self._unsaid += 1
+            self._logger.debug(message, *args)
+            return
+        if self._unsaid:
+            message += f" (and {self._unsaid} more like it since the last such line, logged at DEBUG)"
+        self._logger.log(self._level, message, *args)
+        self._next_at, self._unsaid = now + self._window, 0
 
 
 def configure_logging(level: str, log_format: str) -> None:

@@ -49,7 +49,8 @@ class OutcomeKind(str, enum.Enum):
 @dataclasses.dataclass(frozen=True)
 class Outcome:
     """How one attempt ended. For ``FAILED``: ``final`` means no retry follows, and
-    ``retry_after`` is a delay the handler chose (``Retry``) instead of the backoff."""
+    ``retry_after`` is a delay the handler chose (``Retry``) instead of the backoff, and
+    ``retry_at_least`` the shortest delay a retry may have, whatever the backoff says."""
 
     kind: OutcomeKind
     error_type: str | None = None
@@ -58,6 +59,7 @@ class Outcome:
     final: bool = False
     retry_after: float | None = None
     result: str | None = None  # SUCCEEDED: what the handler returned, as JSON text
+    retry_at_least: float = 0.0
 
     @property
     def run_status(self) -> str:
@@ -141,6 +143,16 @@ def outcome_of(
         final=isinstance(error, Fail) or isinstance(error, tuple(non_retryable)),
         retry_after=error.delay_seconds if isinstance(error, Retry) else None,
     )
+
+
+def thread_left_running(outcome: Outcome, thread: str, waited: float, retry_at_least: float) -> Outcome:
+    """The outcome of a stopped attempt whose sync handler's ``thread`` has not returned
+    ``waited`` seconds after its deadline: recorded as it was stopped, the thread left
+    running; a retry waits ``retry_at_least`` seconds (until the process has exited)."""
+    text = (f"{outcome.error_message}; its thread {thread} had not returned {waited:g}s later and was "
+            "left running: the worker stopped so that its process is restarted")
+    return dataclasses.replace(outcome, error_message=storable_text(text, MAX_ERROR_MESSAGE),
+                               retry_at_least=retry_at_least)
 
 
 def storable_text(text: str, limit: int) -> str:

@@ -202,9 +202,12 @@ class JobTable:
         [row] = await self._store.fetch(queries.PROMOTE_DUE_JOBS, limit)
         return Promotion(row["promoted"], row["next_in_seconds"])
 
-    async def rescue_expired(self, max_lost_attempts: int, default_max_retries: int, limit: int) -> list[int]:
-        """Take back processing jobs whose lease passed (their worker's, or their own); returns their ids."""
-        rows = await self._store.fetch(queries.RESCUE_EXPIRED, max_lost_attempts, default_max_retries, limit)
+    async def rescue_expired(self, max_lost_attempts: int, default_max_retries: int, limit: int, *,
+                             lease_seconds: float) -> list[int]:
+        """Take back processing jobs whose lease passed (their worker's, or their own, of
+        ``lease_seconds``); returns their ids."""
+        rows = await self._store.fetch(queries.RESCUE_EXPIRED, max_lost_attempts, default_max_retries, limit,
+                                       float(lease_seconds))
         return [row["id"] for row in rows]
 
     async def report_progress(self, worker_id: str, reports: Sequence[tuple[int, int, str]]) -> None:

@@ -375,10 +375,11 @@ SELECT id, pg_notify('agora_jobs', queue) FROM released
 # good): its schedule row is updated from the row as it is now, not as it was when the
 # run began. The CTE "ended" has the job's queue, kind (the pipeline id), payload (only
 # a pipeline job's: its tick, the spec it was enqueued under and its next run after a
-# success), status, started_at, the run's status and error, and whether the run was cut
-# short at shutdown (released: due again at once, not counted). A failed or abandoned run
+# success), status, started_at, the run's status and error, whether the run was cut short
+# at shutdown (released: due again at once, not counted) and when it ended (a lost run:
+# when its worker was last heard of, its lease's last renewal). A failed or abandoned run
 # counts: the next run waits min(600, error_backoff_seconds * 2^(n-1)) after the n-th in a
-# row (schedules.error_backoff) and the schedule stops at max_consecutive_errors; a success
+# row from its end (schedules.error_backoff; a lost run's wait for its lease counts) and the schedule stops at max_consecutive_errors; a success
 # resets the count and sets the next run the payload names (none: a once schedule,
 # completed). A spec changed meanwhile (registered again) keeps the next run and state the
 # registration set; a schedule paused or stopped meanwhile keeps its state. Runs outside a
@@ -391,8 +392,8 @@ _PIPELINE_RUN_ENDED = f"""scheduled AS (
                                   WHEN e.run_status = 'succeeded' THEN 0 ELSE s.consecutive_errors END,
         next_run_at = CASE
             WHEN s.schedule_spec IS DISTINCT FROM e.payload->>'spec' THEN s.next_run_at
-            WHEN e.run_status IN ('failed', 'abandoned') THEN now() + make_interval(secs => LEAST(
-                {ERROR_BACKOFF_CAP_SECONDS}, s.error_backoff_seconds * power(2, LEAST(s.consecutive_errors, 62))))
+            WHEN e.run_status IN ('failed', 'abandoned') THEN GREATEST(now(), e.ended_at + make_interval(secs => LEAST(
+                {ERROR_BACKOFF_CAP_SECONDS}, s.error_backoff_seconds * power(2, LEAST(s.consecutive_errors, 62)))))
             WHEN e.released THEN now()
             WHEN e.payload ? 'next_at' THEN (e.payload->>'next_at')::timestamptz
             WHEN e.payload ? 'next_in_seconds' THEN now() + make_interval(secs => (e.payload->>'next_in_seconds')::float8)
@@ -435,7 +436,7 @@ WITH finished AS (
     RETURNING job_id
 ), ended AS (
     SELECT queue, kind, payload, status, started_at, 'succeeded' AS run_status, NULL AS error_message,
-           false AS released
+           false AS released, now() AS ended_at
     FROM finished
 ), {_PIPELINE_RUN_ENDED}
 SELECT job_id, (SELECT pg_notify('agora_events', '')) AS events_woken,
@@ -491,7 +492,8 @@ WITH outcome AS (
     FROM finished
 ), ended AS (
     SELECT queue, kind, payload, status, started_at, error_message, outcome = 'released' AS released,
-           CASE outcome WHEN 'failed' THEN 'failed' WHEN 'lost' THEN 'abandoned' ELSE 'cancelled' END AS run_status
+           CASE outcome WHEN 'failed' THEN 'failed' WHEN 'lost' THEN 'abandoned' ELSE 'cancelled' END AS run_status,
+           now() AS ended_at
     FROM finished
 ), {_PIPELINE_RUN_ENDED}
 SELECT id, CASE WHEN status = 'pending' THEN pg_notify('agora_jobs', queue) END AS woken,
@@ -527,7 +529,8 @@ RETURNING {JOB_COLUMNS}
 # passed, and jobs with a lease of their own that passed (up to $3 of each). Each is a lost
 # attempt (lost_count + 1), due again at once until lost_count reaches $1
 # (WORKER_MAX_LOST_ATTEMPTS), then failed for good (a pipeline's run at once: it counts as
-# a failed run of its schedule, whose next run is the scheduler's); $2 is the default max_retries. A
+# a failed run of its schedule, whose next run is the scheduler's); $2 is the default max_retries;
+# $4 the lease's length (a lost run's error backoff counts from its lease's last renewal). A
 # worker's jobs are looked up per worker whose lease passed (a nested loop over
 # jobs_locked_by_idx, never a scan of every running job). The worker's row is locked too
 # (shared: rescuers do not exclude each other), so a renewal in flight is not overtaken:
@@ -570,7 +573,7 @@ WITH lost_with_worker AS (
         cancel_requested_at = NULL
     FROM lost WHERE j.id = lost.id
     RETURNING j.id, j.attempt, j.started_at, j.queue, j.kind, j.status, j.error_message, j.progress, lost.locked_by,
-              {_PIPELINE_PAYLOAD}
+              lost.lease_expires_at AS lease_expired_at, {_PIPELINE_PAYLOAD}
 ), recorded AS (
     INSERT INTO agora.runs (job_id, attempt, worker_id, started_at, finished_at, status, error_type, error_message,
                             progress, pipeline_id, scheduled_for)
@@ -580,7 +583,8 @@ WITH lost_with_worker AS (
     FROM rescued
 ), ended AS (
     SELECT queue, kind, payload, status, started_at, error_message, false AS released,
-           CASE WHEN status = 'cancelled' THEN 'cancelled' ELSE 'abandoned' END AS run_status
+           CASE WHEN status = 'cancelled' THEN 'cancelled' ELSE 'abandoned' END AS run_status,
+           LEAST(now(), lease_expired_at - make_interval(secs => $4)) AS ended_at  -- (last heard of)
     FROM rescued
 ), {_PIPELINE_RUN_ENDED}
 SELECT id, CASE WHEN status = 'pending' THEN pg_notify('agora_jobs', queue) END AS woken,

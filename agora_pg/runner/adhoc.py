@@ -87,7 +87,8 @@ async def _enqueue_after_run_in_flight(
         if wait and waiting_for != job.id:  # (said first, even when its lease has passed already)
             log.warning("pipeline %s: a run is in flight (job %d); waiting for it to end", pipeline_id, job.id)
             waiting_for = job.id
-        rescued = await store.jobs.rescue_expired(settings.max_lost_attempts, settings.max_retries, RESCUE_BATCH)
+        rescued = await store.jobs.rescue_expired(settings.max_lost_attempts, settings.max_retries, RESCUE_BATCH,
+                                                   lease_seconds=settings.lease_seconds)
         if job.id in rescued:
             continue
         if not wait:

@@ -21,7 +21,7 @@ from agora_pg.db import queries
 from agora_pg.db.connect import resolve_database
 from agora_pg.db.job_rows import KindLimit
 from agora_pg.db.store import Store
-from agora_pg.errors import AgoraError, DatabaseUnavailable
+from agora_pg.errors import AgoraError, DatabaseUnavailable, HandlerThreadStuck
 from agora_pg.lifecycle import shutdown_signals, wait_tasks_or_event
 from agora_pg.outcomes import describe_error
 from agora_pg.runner.health import DEFAULT_HOST, HealthServer
@@ -32,6 +32,7 @@ from agora_pg.runner.scheduler import MAX_WAIT, Scheduler
 from agora_pg.runtime.database_calls import StopSignal, Stopped, retry_database
 from agora_pg.runtime.leases import LeaseSupervisor, supervising
 from agora_pg.runtime.process import check_schema, new_worker_id, warn_unknown_settings
+from agora_pg.runtime.process_metrics import PROCESS_METRICS
 from agora_pg.settings import Settings, load_settings
 from agora_pg.worker.handlers import Handler
 from agora_pg.worker.worker import Worker
@@ -246,6 +247,8 @@ class WorkerPool:
                 return None
             task = next(task for task in done if task in tasks)
             error = None if task.cancelled() else task.exception()
+            if isinstance(error, HandlerThreadStuck):  # (said in one line: it asks for a restart)
+                return error
             name = "job worker" if tasks[task] is self.job_worker else "pipeline worker"
             log.error("the %s stopped unexpectedly; shutting the pool down", name, exc_info=error)
             return JobWorkerStopped(f"the {name} stopped unexpectedly: {error!r}")
@@ -307,6 +310,10 @@ class WorkerPool:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _live(self) -> tuple[bool, dict[str, Any]]:
+        """Live unless a sync handler's thread was given up: then the process asks to be restarted."""
+        stuck = [thread.as_json() for thread in PROCESS_METRICS.stuck_threads.values()]
+        if stuck:
+            return False, {"status": "restart needed", "stuck_threads": stuck, "pipelines": self._pipeline_report()}
         return True, {"status": "ok", "pipelines": self._pipeline_report()}
 
     async def _ready(self) -> tuple[bool, dict[str, Any]]:
@@ -329,7 +336,6 @@ class WorkerPool:
 
     async def _metrics(self) -> tuple[bytes, str]:
         from agora_pg.api.metrics import CONTENT_TYPE, render_metrics
-        from agora_pg.runtime.process_metrics import PROCESS_METRICS
 
         if self._store is None:
             raise DatabaseUnavailable("the pool is not running")

@@ -1,5 +1,6 @@
 """What this worker process did since it started, for its health server's ``/metrics``:
-counters and histograms of the job attempts it recorded and the schedule ticks it started.
+counters and histograms of the job attempts it recorded and the schedule ticks it started,
+and the sync handlers' threads it gave up on (which its health answer names too).
 
 Recording is a few dict and list operations per job (no lock, no label lookup: the event
 loop is the only writer); the Prometheus metric families are built at scrape time.
@@ -9,10 +10,11 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import time
 from collections.abc import Iterable, Iterator
 
 from agora_pg.printable import escape_controls
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 # Upper bounds (seconds) of the histograms' buckets: from a no-op job to an hour-long one.
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
@@ -47,6 +49,21 @@ class Buckets:
         return buckets
 
 
+@dataclasses.dataclass(frozen=True)
+class StuckThread:
+    """A sync handler's thread that had not returned a grace after its attempt's deadline."""
+
+    thread: str
+    job_id: int
+    kind: str
+    handler: str
+    deadline: float  # time.monotonic() of the attempt's deadline
+
+    def as_json(self) -> dict[str, object]:
+        return {"thread": self.thread, "job_id": self.job_id, "kind": self.kind, "handler": self.handler,
+                "seconds_past_deadline": round(time.monotonic() - self.deadline, 1)}
+
+
 class ProcessMetrics:
     """Counters and histograms of one process (a prometheus_client custom collector)."""
 
@@ -55,6 +72,7 @@ class ProcessMetrics:
         self.durations: dict[tuple[str, ...], Buckets] = {}  # by (queue, kind)
         self.waits: dict[tuple[str, ...], Buckets] = {}  # by (queue, kind)
         self.schedule_lags: dict[tuple[str, ...], Buckets] = {}  # by (pipeline_id,)
+        self.stuck_threads: dict[str, StuckThread] = {}  # by thread name, until the thread returns
 
     def job_recorded(self, queue: str, kind: str, outcome: str, duration: float, wait: float | None) -> None:
         """An attempt's outcome was written: ``duration`` from claim to outcome (this host's
@@ -85,6 +103,12 @@ class ProcessMetrics:
             lags = self.schedule_lags[(pipeline_id,)] = Buckets(LAG_BUCKETS)
         lags.observe(max(lag, 0.0))
 
+    def thread_stuck(self, stuck: StuckThread) -> None:
+        self.stuck_threads[stuck.thread] = stuck
+
+    def thread_returned(self, thread: str) -> None:
+        self.stuck_threads.pop(thread, None)
+
     def collect(self) -> Iterator[Metric]:
         completed = CounterMetricFamily(
             "agora_jobs_completed", "Job attempts whose outcome this worker process recorded, by outcome "
@@ -100,6 +124,16 @@ class ProcessMetrics:
                               ["queue", "kind"], self.waits)
         yield self._histogram("agora_schedule_lag_seconds", "Seconds from a schedule's tick to the start of "
                               "its run in this process.", ["pipeline_id"], self.schedule_lags)
+        stuck = GaugeMetricFamily(
+            "agora_stuck_threads", "Sync handlers' threads given up after their attempt's timeout plus a lease "
+            "(recorded timed out, still running: the process stops to be restarted); the value is seconds past "
+            "the deadline.", labels=["thread", "job_id", "kind"],
+        )
+        now = time.monotonic()
+        for name, thread in sorted(self.stuck_threads.items()):
+            stuck.add_metric([escape_controls(value, newlines=None) for value in (name, str(thread.job_id), thread.kind)],
+                             now - thread.deadline)
+        yield stuck
 
     @staticmethod
     def _histogram(name: str, documentation: str, labels: list[str],

@@ -5,6 +5,7 @@ turned into one ``Outcome``."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import dataclasses
 import inspect
@@ -14,6 +15,7 @@ from typing import Any
 
 from agora_pg.errors import Fail, InvalidJob
 from agora_pg.jobs import Job
+from agora_pg.logs import Repeated
 from agora_pg.payloads import decode
 from agora_pg.outcomes import SUCCEEDED, Outcome, StopReason, outcome_of, succeeded_with
 from agora_pg.runtime.leases import LeaseToken
@@ -24,6 +26,8 @@ log = logging.getLogger("agora_pg.worker")
 
 
 DEFAULT_OPTIONS = KindOptions()
+# "stopping it" lines, one per reason: at shutdown or in an outage they come for every job at once
+STOPPING = {reason: Repeated(log, logging.INFO) for reason in StopReason}
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -49,6 +53,7 @@ class Attempt:
     reporter: ProgressReporter | None = None  # where ``job_context().progress()`` goes
     claimed_at: float = 0.0  # time.monotonic() of the claim, and of the outcome (for /metrics)
     ended_at: float = 0.0
+    given_up: bool = False  # a sync handler's thread past its ceiling: recorded as stopped, left running
 
     @property
     def token(self) -> LeaseToken:
@@ -58,6 +63,11 @@ class Attempt:
     def description(self) -> str:
         handler = handler_name(self.handler) if self.handler is not None else "no handler"
         return f"job {self.job.id} (kind {self.job.kind!r}, handler {handler})"
+
+    @property
+    def thread_name(self) -> str:
+        """The name of a sync handler's thread."""
+        return f"agora-job-{self.job.id}"
 
     @property
     def in_thread(self) -> bool:
@@ -72,7 +82,7 @@ class Attempt:
             self.shutting_down = True
         if self.stop_reason is None:
             self.stop_reason = reason
-            log.info("%s: stopping it (%s)", self.description, reason.value)
+            STOPPING[reason].log("%s: stopping it (%s)", self.description, reason.value)
         elif reason is not StopReason.SHUTDOWN:
             return  # already stopping; only shutdown may still end a wait for a thread
         self.task.cancel()
@@ -81,7 +91,8 @@ class Attempt:
 async def run_attempt(attempt: Attempt, resources: Any) -> Outcome | None:
     """Run the attempt's handler and return how it ended; never raises (a cancel that
     stops it is part of the outcome; the worker stops it at its ``deadline``). A sync handler stopped for any reason other than
-    shutdown holds the attempt (its slot and its lease) until its thread returns. None:
+    shutdown holds the attempt (its slot and its lease) until its thread returns or the
+    worker gives the thread up (``given_up``: the outcome is then recorded). None:
     a sync handler still running at shutdown, left as it is (nothing may be recorded
     while it runs: its lease expires once the process has exited)."""
     current_attempt.set(attempt)  # (the attempt's own task: nothing to reset)
@@ -103,7 +114,7 @@ async def run_attempt(attempt: Attempt, resources: Any) -> Outcome | None:
         if problem is not None:
             log.warning("%s: %s", attempt.description, problem)
         return outcome
-    if attempt.in_thread:
+    if attempt.in_thread and not attempt.given_up:
         return None
     return outcome_of(
         error, attempt.stop_reason, non_retryable=attempt.options.non_retryable, timeout_seconds=attempt.timeout
@@ -136,7 +147,8 @@ async def _in_thread(attempt: Attempt, job: Job, resources: Any) -> Any:
     """Run a sync handler in a daemon thread of its own (so that a hung one never keeps
     the process from exiting) and wait for it. Python cannot interrupt a thread: a stop
     other than shutdown keeps waiting for it, holding the slot and the lease, so that the
-    job never runs twice; at shutdown the worker leaves it running, unreleased."""
+    job never runs twice, until the worker gives the thread up (its attempt's deadline plus
+    a lease: ``Attempt.given_up``); at shutdown the worker leaves it running, unreleased."""
     loop = asyncio.get_running_loop()
     done: asyncio.Future[Any] = loop.create_future()
     attempt.thread_result = done
@@ -153,20 +165,22 @@ async def _in_thread(attempt: Attempt, job: Job, resources: Any) -> Any:
             done.set_result(result)
 
     def target() -> None:
+        result: Any = None
+        failure: BaseException | None = None
         try:
             result = context.run(handler, job, resources)
         except BaseException as error:  # handed to the event loop as the attempt's error
-            loop.call_soon_threadsafe(settle, None, error)
-        else:
-            loop.call_soon_threadsafe(settle, result, None)
+            failure = error
+        with contextlib.suppress(RuntimeError):  # (the loop closed: a thread given up returned late)
+            loop.call_soon_threadsafe(settle, result, failure)
 
-    threading.Thread(target=target, name=f"agora-job-{attempt.job.id}", daemon=True).start()
+    threading.Thread(target=target, name=attempt.thread_name, daemon=True).start()
     warned = False
     while True:
         try:
             return await asyncio.shield(done)
         except asyncio.CancelledError:
-            if done.done() or attempt.stop_reason is None or attempt.shutting_down:
+            if done.done() or attempt.stop_reason is None or attempt.shutting_down or attempt.given_up:
                 raise
             task = asyncio.current_task()
             if task is not None:

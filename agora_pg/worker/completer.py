@@ -200,7 +200,7 @@ class Completer:
             if attempt.options.retry_backoff is not None:  # the kind's own base delay
                 backoff = dataclasses.replace(backoff, base_seconds=attempt.options.retry_backoff)
             decision = decide(job.retry_count + 1, max_retries, backoff, self._rng, outcome.retry_after)
-            delay = decision.delay_seconds if decision is not None else 0.0
+            delay = max(decision.delay_seconds, outcome.retry_at_least) if decision is not None else 0.0
         return JobFinish(
             job_id=job.id, attempt=job.attempt, kind=outcome.kind.value, error_type=outcome.error_type,
             error_message=outcome.error_message, traceback=outcome.traceback, delay_seconds=delay, final=final,

@@ -39,7 +39,8 @@ class JobRescuer:
             self._uncovered_due = time.monotonic() + UNCOVERED_EVERY_SECONDS
         rescued: list[int] = []
         while True:
-            batch = await self._store.jobs.rescue_expired(self._max_lost_attempts, self._default_max_retries, BATCH)
+            batch = await self._store.jobs.rescue_expired(self._max_lost_attempts, self._default_max_retries, BATCH,
+                                                           lease_seconds=self._lease_seconds)
             rescued.extend(batch)
             if len(batch) < BATCH:
                 break

@@ -25,21 +25,24 @@ from agora_pg.db import queries
 from agora_pg.db.connect import resolve_database
 from agora_pg.db.job_rows import KindLimit
 from agora_pg.db.store import NOTIFY_CHANNEL, Store
-from agora_pg.errors import DatabaseUnavailable
+from agora_pg.errors import DatabaseUnavailable, HandlerThreadStuck
 from agora_pg.jobs import Job
 from agora_pg.lifecycle import shutdown_signals, wait_for_event, wait_tasks_or_event
-from agora_pg.outcomes import Outcome, StopReason
+from agora_pg.logs import Repeated
+from agora_pg.outcomes import Outcome, StopReason, thread_left_running
 from agora_pg.runtime.database_calls import StopSignal, Stopped, listen_until, retry_database, unless_stopped
 from agora_pg.runtime.leases import LeaseSupervisor, supervising
 from agora_pg.runtime.process import ErrorWait, check_schema, new_worker_id, warn_unknown_settings
+from agora_pg.runtime.process_metrics import PROCESS_METRICS, StuckThread
 from agora_pg.settings import Settings, load_settings
 from agora_pg.worker.attempts import DEFAULT_OPTIONS, Attempt, run_attempt
 from agora_pg.worker.completer import Completer
 from agora_pg.worker.context import ProgressReporter
-from agora_pg.worker.handlers import Handler, Handlers, is_async_handler
+from agora_pg.worker.handlers import Handler, Handlers, handler_name, is_async_handler
 from agora_pg.worker.job_rescuer import JobRescuer
 
 log = logging.getLogger("agora_pg.worker")
+GAVE_BACK = Repeated(log, logging.INFO)
 
 Lifespan = Callable[[], AbstractAsyncContextManager[Any]]
 T = TypeVar("T")
@@ -197,6 +200,7 @@ class _WorkerRun:
         self.suspect_lost = max(1, settings.max_lost_attempts - 1)
         self.known_kinds = tuple(worker.handlers)
         self.side_tasks: list[asyncio.Task[None]] = []
+        self.given_up: list[Attempt] = []  # attempts whose sync handler's thread was given up
         self.side_stop = StopSignal()
         self.claim_unsure_until = 0.0  # a claim's reply was lost: look for jobs held unknowingly
         self.unknown_seen = False  # the lease supervisor saw jobs held unknowingly: look once
@@ -261,6 +265,8 @@ class _WorkerRun:
         finally:
             self.supervisor.on_unknown_jobs = None
             await self._shutdown()
+        if self.given_up:
+            raise HandlerThreadStuck(self._stuck_message())
 
     # -- claiming ------------------------------------------------------------
 
@@ -370,8 +376,8 @@ class _WorkerRun:
         except DatabaseUnavailable:  # (the lease supervisor finds them held here unknowingly: given back later)
             log.warning("could not give back %d job(s) with lost attempts: %s", len(extra), [j.id for j in extra])
         else:
-            log.info("gave back %d job(s) with lost attempts (one runs here at a time): %s",
-                     len(extra), [job.id for job in extra])
+            GAVE_BACK.log("gave back %d job(s) with lost attempts (one runs here at a time): %s",
+                          len(extra), [job.id for job in extra])
         given_back = {id(job) for job in extra}
         return [job for job in jobs if id(job) not in given_back]
 
@@ -420,6 +426,9 @@ class _WorkerRun:
     async def _run(self, attempt: Attempt) -> Outcome | None:
         try:
             outcome = await run_attempt(attempt, self.resources)
+            if outcome is not None and attempt.given_up:
+                outcome = thread_left_running(outcome, attempt.thread_name, self.settings.lease_seconds,
+                                              retry_at_least=shutdown_bound(self.settings))
             if outcome is not None and self.progress.has_pending(attempt.job.id, attempt.job.attempt):
                 await self.progress.flush(attempt.job.id, attempt.job.attempt)
             if outcome is not None:
@@ -433,7 +442,7 @@ class _WorkerRun:
                 self.completer.add(attempt)
             return outcome
         finally:
-            if not attempt.in_thread:
+            if not attempt.in_thread or attempt.given_up:
                 self.running.discard(attempt)
                 if attempt.job.lost_count >= self.suspect_lost:
                     self.suspects_running -= 1
@@ -444,13 +453,50 @@ class _WorkerRun:
 
     async def _enforce_timeouts(self) -> None:
         """Stop attempts past their deadline (one sweep every ``TIMEOUT_SWEEP_SECONDS``
-        costs less than a timer per job)."""
+        costs less than a timer per job); give up sync handlers' threads a lease later."""
+        ceiling = self.settings.lease_seconds
         while not self.side_stop.is_set():
             now = time.monotonic()
             for attempt in list(self.running):
-                if attempt.deadline is not None and now >= attempt.deadline and attempt.stop_reason is None:
+                if attempt.deadline is None or now < attempt.deadline:
+                    continue
+                if attempt.stop_reason is None:
                     attempt.stop(StopReason.TIMEOUT)
+                elif attempt.in_thread and not attempt.given_up and now >= attempt.deadline + ceiling:
+                    self._give_up_thread(attempt)
             await wait_for_event(self.side_stop, TIMEOUT_SWEEP_SECONDS)
+
+    def _give_up_thread(self, attempt: Attempt) -> None:
+        """A sync handler's thread still running a lease after its attempt's deadline cannot
+        be stopped: record the attempt as it was stopped (its retry waits until this process
+        has gone), free its slot, name the thread in /metrics and the health answer, and stop
+        the worker so that the process is restarted (``HandlerThreadStuck``)."""
+        assert attempt.task is not None and attempt.thread_result is not None and attempt.deadline is not None
+        assert attempt.handler is not None  # (only a handler runs in a thread)
+        attempt.given_up = True
+        self.given_up.append(attempt)
+        name = attempt.thread_name
+        PROCESS_METRICS.thread_stuck(StuckThread(name, attempt.job.id, attempt.job.kind,
+                                                 handler_name(attempt.handler), attempt.deadline))
+
+        def returned(result: asyncio.Future[Any]) -> None:
+            PROCESS_METRICS.thread_returned(name)
+            failed = result.exception() if not result.cancelled() else None
+            log.warning("%s: its thread returned at last%s; the attempt stays recorded as stopped",
+                        attempt.description, f" (raising {type(failed).__name__})" if failed else "")
+
+        attempt.thread_result.add_done_callback(returned)
+        log.error("%s: its thread %s is still running a lease (%gs) past the attempt's deadline; recording "
+                  "the attempt, leaving the thread, and stopping this worker so that its process is restarted",
+                  attempt.description, name, self.settings.lease_seconds)
+        attempt.task.cancel()
+        self.worker.stop()
+
+    def _stuck_message(self) -> str:
+        threads = ", ".join(f"{a.thread_name} (job {a.job.id}, kind {a.job.kind!r})" for a in self.given_up)
+        return (f"a sync handler's thread did not return a lease ({self.settings.lease_seconds:g}s) after its "
+                f"attempt's deadline: {threads}; the attempt was recorded and the worker stopped: restart the "
+                "process (the only way to end the thread)")
 
     def _look_again(self) -> None:
         """(Re)connected to LISTEN: notifications sent meanwhile are lost, so look at the tables."""
@@ -625,6 +671,12 @@ class _WorkerRun:
         if self.completer.pending_count:
             log.error("%d outcome(s) could not be recorded; their leases will expire and the jobs "
                       "will be rescued", self.completer.pending_count)
+
+
+def shutdown_bound(settings: Settings) -> float:
+    """The longest a worker's graceful shutdown takes (its steps' deadlines added up): the
+    grace period, the stop of what still runs, the outcomes' drain, two database steps."""
+    return settings.shutdown_timeout + 5.0 + max(settings.lease_seconds, 5.0) + 2 * settings.database_timeout
 
 
 class _Stopping(Exception):

@@ -15,6 +15,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import asyncpg
@@ -440,6 +441,61 @@ async def test_a_sync_handler_still_running_at_shutdown_is_not_released_beside_i
     assert cut.ended is None and again.ended is not None
     assert again.started > exited_at  # never beside the first thread
     assert (await job_row(database_url, job.id))["lost_count"] == 1
+
+
+async def test_a_sync_handler_hung_past_its_timeout_is_recorded_and_its_process_asks_for_a_restart(
+    queue: Queue, database_url: str, processes: Processes, ledger_dir: Path
+) -> None:
+    hung = await queue.enqueue("sync_sleep", {"seconds": 600}, timeout_seconds=1)
+    neighbour = await queue.enqueue("ledger", {"seconds": 4})
+    port = free_port()
+    worker = start_worker(processes, database_url, "--health-port", str(port), LEDGER_DIR=str(ledger_dir),
+                          WORKER_SHUTDOWN_TIMEOUT="20")
+    await eventually(lambda: _started(ledger_dir, hung.id) and _started(ledger_dir, neighbour.id), 30,
+                     "both jobs starting")
+
+    async def recorded() -> bool:  # its deadline (1 s) plus a lease (2 s) later
+        return (await job_row(database_url, hung.id))["retry_count"] == 1
+    await eventually(recorded, 15, "the hung attempt being recorded")
+    row = await job_row(database_url, hung.id)
+    assert (row["status"], row["delayed"], row["locked_by"]) == ("failed", True, None)  # to retry; slot, lease free
+    assert row["error_message"].startswith("JobTimeout: ") and f"agora-job-{hung.id}" in row["error_message"]
+    wait = await scalar(database_url, "SELECT extract(epoch FROM run_at - now()) FROM agora.jobs WHERE id = $1",
+                        hung.id)
+    assert wait > 60  # its retry is due only once this process has gone (shutdown_bound)
+    assert await run_rows(database_url, hung.id) == [(1, "failed", "JobTimeout")]
+    status, health = _get(port, "/health")
+    assert status == 503 and health["status"] == "restart needed", health
+    assert [(t["thread"], t["job_id"], t["kind"]) for t in health["stuck_threads"]] == [
+        (f"agora-job-{hung.id}", hung.id, "sync_sleep")]
+    metrics = _get(port, "/metrics")[1]
+    assert f'agora_stuck_threads{{job_id="{hung.id}",kind="sync_sleep",thread="agora-job-{hung.id}"}}' in metrics
+
+    code = await asyncio.to_thread(worker.wait, 30)  # once its neighbour has finished
+    output = exit_output(worker)
+    assert code == 1, output[-3000:]
+    last = output.strip().splitlines()[-1]
+    assert last.startswith("agora-pg: a sync handler's thread did not return") and f"agora-job-{hung.id}" in last
+    assert "restart the process" in last
+    assert await status_is_done(database_url, neighbour.id)  # it ran to its end, not cut short
+    [ran] = [e for e in executions(ledger_dir) if e.job_id == neighbour.id]
+    assert ran.ended is not None
+    [left] = [e for e in executions(ledger_dir) if e.job_id == hung.id]
+    assert left.ended is None and left.stopped is None  # (the thread ended with its process)
+
+
+def _get(port: int, path: str) -> tuple[int, Any]:
+    """GET a health server's ``path``: (status, JSON body or text)."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as answer:
+            status, body = answer.status, answer.read().decode()
+    except urllib.error.HTTPError as error:
+        status, body = error.code, error.read().decode()
+    return status, json.loads(body) if body.startswith("{") else body
 
 
 # -- pipeline runs that kill their process ---------------------------------------------

@@ -214,7 +214,7 @@ async def test_a_rescue_frees_the_slot(queue: Queue, store: Store) -> None:
         await connection.execute("UPDATE agora.jobs SET lease_expires_at = now() - interval '1 second' WHERE id = $1",
                                  held.id)
     assert await _claimed(store, ["default"], 5, "w", 30, ["k"], scan=100) == []
-    assert await store.jobs.rescue_expired(5, 3, 100) == [held.id]
+    assert await store.jobs.rescue_expired(5, 3, 100, lease_seconds=30) == [held.id]
     [next_job] = await _claimed(store, ["default"], 5, "w", 30, ["k"], scan=100)
     assert next_job.status.value == "processing"
 

@@ -325,18 +325,20 @@ async def test_a_run_whose_worker_died_counts_as_a_failed_run_and_its_late_end_i
     assert claimed.id == job.id
     assert await store.schedules.enqueue_due_ticks([("p", spec)], plan, "scheduler") == []  # no overlap
     async with store.connection() as connection:  # the ghost died: its lease passes
-        await connection.execute("UPDATE agora.jobs SET lease_expires_at = now() - interval '1 second'")
-    assert await store.jobs.rescue_expired(3, 3, 100) == [job.id]
+        expired = await connection.fetchval(
+            "UPDATE agora.jobs SET lease_expires_at = now() - interval '1 second' RETURNING lease_expires_at")
+    assert await store.jobs.rescue_expired(3, 3, 100, lease_seconds=30) == [job.id]
     row = await store.schedules.get("p")
     assert row is not None and row.job_id is None
     assert (row.consecutive_errors, row.last_status, row.state) == (1, "abandoned", "active")
     assert row.last_error is not None and row.last_error.startswith("WorkerLost: worker ghost")
-    assert row.next_run_at is not None and row.next_run_at > datetime.now(UTC) + timedelta(seconds=50)
+    # the error backoff (60 s) counts from the lease's last renewal (30 s before it expired)
+    assert row.next_run_at == expired - timedelta(seconds=30) + timedelta(seconds=60)
     assert (await store.jobs.get(job.id)).status.value == "failed"  # not retried: the schedule decides
     assert await store.jobs.complete_succeeded([(job.id, claimed.attempt)], "ghost") == set()  # fenced
     [run] = await runs(store, "p")
     assert (run["status"], run["worker_id"], run["scheduled_for"]) == ("abandoned", "ghost", tick.tick)
-    assert await store.jobs.rescue_expired(3, 3, 100) == []  # nothing left to take over
+    assert await store.jobs.rescue_expired(3, 3, 100, lease_seconds=30) == []  # nothing left to take over
 
 
 async def _called(factory: Recorder) -> bool:

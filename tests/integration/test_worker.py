@@ -463,7 +463,7 @@ async def test_an_acknowledged_cancel_holds_whatever_becomes_of_the_attempt(
     async with store.connection() as connection:
         await connection.execute("UPDATE agora.jobs SET lease_expires_at = now() - interval '1 second' WHERE id = $1",
                                  rescued.id)
-    assert await store.jobs.rescue_expired(3, 3, 100) == [rescued.id]
+    assert await store.jobs.rescue_expired(3, 3, 100, lease_seconds=30) == [rescued.id]
     finishes = [JobFinish(lost.id, 1, "lost", "LeaseLost", "LeaseLost: lost", None, 0.0, False),
                 JobFinish(released.id, 1, "released", "WorkerShutdown", "WorkerShutdown: stopped", None, 0.0, False),
                 JobFinish(failing.id, 1, "failed", "ValueError", "ValueError: raced the cancel", None, 60.0, False)]

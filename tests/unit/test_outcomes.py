@@ -14,6 +14,7 @@ from agora_pg.outcomes import (
     describe_error,
     outcome_of,
     storable_text,
+    thread_left_running,
 )
 
 
@@ -118,3 +119,12 @@ def test_a_stop_by_agora_decides_the_outcome_whatever_the_handler_raised(
         "JobTimeout: the attempt ran longer than its timeout of 2.5s and was cancelled"
     )
     assert outcome_of(None, reason).kind is not OutcomeKind.SUCCEEDED  # never recorded as succeeded
+
+
+def test_an_attempt_whose_thread_was_left_running_names_it_and_holds_its_retry_back() -> None:
+    stopped = outcome_of(asyncio.CancelledError(), StopReason.TIMEOUT, timeout_seconds=5)
+    left = thread_left_running(stopped, "agora-job-12", 30, retry_at_least=130)
+    assert (left.kind, left.error_type, left.final, left.retry_at_least) == (OutcomeKind.FAILED, "JobTimeout", False, 130)
+    assert left.error_message.startswith(stopped.error_message + "; its thread agora-job-12 had not returned 30s later")
+    cancelled = thread_left_running(outcome_of(None, StopReason.CANCEL_REQUESTED), "agora-job-3", 30, 130)
+    assert cancelled.kind is OutcomeKind.CANCELLED  # (no retry follows: nothing to hold back)
