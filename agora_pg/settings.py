@@ -52,6 +52,7 @@ class Settings:
     api_allowed_origins: tuple[str, ...] = ()
     api_max_connections: int = 1000
     api_max_event_streams: int = 100
+    api_max_connections_per_client: int = 100
     api_read_timeout: float = 10.0
     api_keep_alive_seconds: int = 5
     api_refuse_unknown_kinds: bool = False
@@ -81,6 +82,7 @@ class Settings:
         _require(self.prune_interval > 0, "AGORA_PG_PRUNE_INTERVAL", "must be > 0")
         _require(self.api_max_connections >= 1, "AGORA_PG_API_MAX_CONNECTIONS", "must be >= 1")
         _require(self.api_max_event_streams >= 1, "AGORA_PG_API_MAX_EVENT_STREAMS", "must be >= 1")
+        _require(self.api_max_connections_per_client >= 1, "AGORA_PG_API_MAX_CONNECTIONS_PER_CLIENT", "must be >= 1")
         _require(self.api_read_timeout > 0, "AGORA_PG_API_READ_TIMEOUT", "must be > 0")
         _require(self.api_keep_alive_seconds >= 1, "AGORA_PG_API_KEEP_ALIVE_SECONDS", "must be >= 1")
         _require(self.api_token is None or len(self.api_token) >= 16, "AGORA_PG_API_TOKEN",
@@ -135,6 +137,8 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         api_max_payload_bytes=_int(env, "AGORA_PG_API_MAX_PAYLOAD_BYTES", defaults.api_max_payload_bytes),
         api_max_connections=_int(env, "AGORA_PG_API_MAX_CONNECTIONS", defaults.api_max_connections),
         api_max_event_streams=_int(env, "AGORA_PG_API_MAX_EVENT_STREAMS", defaults.api_max_event_streams),
+        api_max_connections_per_client=_int(env, "AGORA_PG_API_MAX_CONNECTIONS_PER_CLIENT",
+                                            defaults.api_max_connections_per_client),
         api_read_timeout=_float(env, "AGORA_PG_API_READ_TIMEOUT", defaults.api_read_timeout),
         api_keep_alive_seconds=_int(env, "AGORA_PG_API_KEEP_ALIVE_SECONDS", defaults.api_keep_alive_seconds),
         api_refuse_unknown_kinds=_bool(env, "AGORA_PG_API_REFUSE_UNKNOWN_KINDS", defaults.api_refuse_unknown_kinds),
@@ -204,6 +208,10 @@ VARIABLES: tuple[Variable, ...] = (
              "`GET /events` streams open at once on one API process, and never more than half of "
              "`AGORA_PG_API_MAX_CONNECTIONS` (each holds a connection for as long as it lasts); past it, 503 with "
              "`Retry-After`, and the other requests keep their slots"),
+    Variable(("AGORA_PG_API_MAX_CONNECTIONS_PER_CLIENT",), "100",
+             "connections `agora-pg api` holds at once for one client address; past it, the client's oldest "
+             "idle connection is closed, or (none idle) the new one gets 503 with `Retry-After`. Behind a "
+             "reverse proxy every client has the proxy's address: set it to `AGORA_PG_API_MAX_CONNECTIONS`"),
     Variable(("AGORA_PG_API_READ_TIMEOUT",), "10",
              "seconds a connection of `agora-pg api` has to send a whole request (headers and body) before "
              "it is closed"),

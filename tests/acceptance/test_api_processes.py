@@ -218,7 +218,8 @@ async def test_a_flood_of_idle_and_slow_connections_is_shed_and_health_still_ans
     import socket
 
     port = free_port()
-    env = worker_env(database_url, AGORA_PG_API_READ_TIMEOUT="2", AGORA_PG_API_MAX_CONNECTIONS="200")
+    env = worker_env(database_url, AGORA_PG_API_READ_TIMEOUT="2", AGORA_PG_API_MAX_CONNECTIONS="200",
+                     AGORA_PG_API_MAX_CONNECTIONS_PER_CLIENT="200")  # (one address here: the global cap)
     api = processes.start(cli("api", "--port", str(port)), env, REPO)
     base = f"http://127.0.0.1:{port}"
     await wait_ready(base, api)
@@ -269,6 +270,60 @@ async def test_a_flood_of_idle_and_slow_connections_is_shed_and_health_still_ans
         assert (await client.get("/health")).status_code == 200
     for connection in flooded:
         connection.close()
+
+
+async def test_one_client_address_cannot_take_the_slots_of_the_others(database_url: str, processes: Processes) -> None:
+    """Past AGORA_PG_API_MAX_CONNECTIONS_PER_CLIENT connections of one address, a new one
+    closes that address's oldest idle connection, or (none idle) gets 503 at once; another
+    address (127.0.0.2, loopback too) is answered all along."""
+    import socket
+
+    port = free_port()
+    env = worker_env(database_url, AGORA_PG_API_MAX_CONNECTIONS="100", AGORA_PG_API_MAX_CONNECTIONS_PER_CLIENT="20")
+    api = processes.start(cli("api", "--port", str(port)), env, REPO)
+    base = f"http://127.0.0.1:{port}"
+    await wait_ready(base, api)
+
+    def connect(busy: bool) -> socket.socket:
+        connection = socket.create_connection(("127.0.0.1", port), timeout=5)
+        if busy:  # headers sent, the body never finished
+            connection.sendall(b"POST /jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                               b"Content-Length: 100\r\n\r\n{\"kin")
+        return connection
+
+    def answer(connection: socket.socket, wait: float = 5) -> bytes | None:
+        connection.settimeout(wait)
+        try:
+            return connection.recv(4096)
+        except TimeoutError:
+            return None
+
+    other = httpx.AsyncClient(base_url=base, timeout=5,
+                              transport=httpx.AsyncHTTPTransport(local_address="127.0.0.2"))
+    flood = await asyncio.to_thread(lambda: [connect(busy=True) for _ in range(20)])
+    try:
+        refused = await asyncio.to_thread(connect, False)
+        first = await asyncio.to_thread(answer, refused)
+        assert first is not None and first.startswith(b"HTTP/1.1 503 ") and b"too many connections from this address" in first, first
+        async with httpx.AsyncClient(base_url=base, timeout=5) as same:
+            assert (await same.get("/health")).status_code == 503  # (its address is at its cap)
+        for _ in range(3):
+            assert (await other.get("/health")).status_code == 200
+            assert (await other.post("/jobs", json={"kind": "echo"})).status_code == 201
+    finally:
+        for connection in flood:
+            connection.close()
+    # idle connections of the address at its cap give way to its new ones
+    flood = await asyncio.to_thread(lambda: [connect(busy=False) for _ in range(20)])
+    try:
+        async with httpx.AsyncClient(base_url=base, timeout=5) as same:
+            for _ in range(3):
+                assert (await same.get("/health")).status_code == 200
+        assert b"" in await asyncio.to_thread(lambda: [answer(c, 0.1) for c in flood])  # an idle one, closed
+    finally:
+        for connection in flood:
+            connection.close()
+        await other.aclose()
 
 
 @pytest.mark.one_lane
