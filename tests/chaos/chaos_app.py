@@ -50,6 +50,14 @@ async def hang(job: Job, resources: object) -> None:
     await asyncio.sleep(3600)
 
 
+@handlers.kind("hang_sync", timeout=1.0)
+def hang_sync(job: Job, resources: object) -> None:
+    """A sync handler that never returns: its thread is given up a lease after its
+    timeout, and its worker stops to be restarted."""
+    record(job)
+    time.sleep(3600)
+
+
 @handlers.kind("exit")
 async def exit_process(job: Job, resources: object) -> None:
     """Kills its own process, as running out of memory would."""

@@ -820,8 +820,9 @@ async def event_burst(setup: Setup, size: Size) -> Result:
 
 
 async def bad_handlers(setup: Setup, size: Size) -> Result:
-    """Among a steady flow, jobs whose handlers hang past their timeout, kill their own
-    process, or raise an error with text PostgreSQL cannot hold. Workers that die are
+    """Among a steady flow, jobs whose handlers hang past their timeout (async, and sync:
+    whose worker then stops to be restarted), kill their own process, or raise an error
+    with text PostgreSQL cannot hold. Workers that die are
     replaced, as a process supervisor would. Each bad job must end ``failed`` with its
     reason recorded; the flow goes on."""
     fleet, ledger = setup.fleet()
@@ -835,7 +836,7 @@ async def bad_handlers(setup: Setup, size: Size) -> Result:
             # The poison jobs first, until they have failed: claimed in one batch with the
             # exit jobs, they could die with their worker three times and end WorkerLost
             # (as they should) instead of showing how their error text is recorded.
-            for kind, retries in (("poison", 0), ("hang", 1), ("exit", 3)):
+            for kind, retries in (("poison", 0), ("hang", 1), ("hang_sync", 0), ("exit", 3)):
                 jobs = await store.jobs.enqueue([JobSpec(kind, {}, max_retries=retries) for _ in range(2)])
                 bad[kind] = [job.id for job, _ in jobs]
                 poison_ends = time.monotonic() + 10
@@ -873,6 +874,9 @@ async def bad_handlers(setup: Setup, size: Size) -> Result:
             result.extra_violations.append(f"{row['kind']} job {row['id']} ended {row['status']}")
         elif row["kind"] == "hang" and "JobTimeout" not in row["error_message"]:
             result.extra_violations.append(f"hang job {row['id']}: {row['error_message'][:80]}")
+        elif row["kind"] == "hang_sync" and not ("JobTimeout" in row["error_message"]
+                                                 and "was left running" in row["error_message"]):
+            result.extra_violations.append(f"hang_sync job {row['id']}: {row['error_message'][:200]}")
         elif row["kind"] == "exit" and row["lost_count"] < 3:
             result.extra_violations.append(f"exit job {row['id']}: lost_count {row['lost_count']}")
         elif row["kind"] == "poison" and "ValueError: bad" not in row["error_message"]:
