@@ -57,14 +57,6 @@ def render_metrics(snapshot: MetricsSnapshot, process: Collector | None = None) 
         oldest_of[label] = max(age, oldest_of.get(label, age))
     for queue, age in oldest_of.items():
         oldest.labels(queue=label_value(queue)).set(age)
-    runs = Gauge(
-        "agora_runs_recent",
-        f"Runs (job attempts and pipeline ticks) finished in the last {snapshot.recent_window_seconds:g} s, "
-        "by outcome.",
-        ["outcome"], registry=registry,
-    )
-    for outcome in ("succeeded", "failed", "abandoned", "cancelled"):
-        runs.labels(outcome=outcome).set(snapshot.recent_runs.get(outcome, 0))
     schedules = Gauge("agora_schedules", "Scheduled pipelines by state.", ["state"], registry=registry)
     for state in ("active", "paused", "stopped", "completed"):
         schedules.labels(state=state).set(snapshot.schedules.get(state, 0))

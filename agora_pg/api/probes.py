@@ -12,6 +12,7 @@ from agora_pg.api.errors import public_detail
 from agora_pg.api.metrics import CONTENT_TYPE, render_metrics
 from agora_pg.api.schemas import Health
 from agora_pg.db.store import Store
+from agora_pg.runtime.process_metrics import ProcessMetrics
 from agora_pg.errors import AgoraError
 
 
@@ -41,5 +42,7 @@ async def ready(store: NamedDependency[Store], state: State) -> Response[Health]
 
 @get("/metrics", tags=["probes"], media_type=CONTENT_TYPE)
 async def metrics(store: NamedDependency[Store]) -> Response[bytes]:
-    """Prometheus text format: live jobs, oldest due job, recent run outcomes, schedule states."""
-    return Response(render_metrics(await store.metrics()), media_type=CONTENT_TYPE)
+    """Prometheus text format: live jobs, oldest due job, schedule states, flow control, and
+    the counters and histograms of every worker process (published every 10 s)."""
+    snapshot = await store.metrics()
+    return Response(render_metrics(snapshot, ProcessMetrics.of(snapshot.tallies)), media_type=CONTENT_TYPE)

@@ -594,6 +594,36 @@ FROM rescued
 
 # -- workers -----------------------------------------------------------------
 
+# A worker process's counters and histograms so far, locked: what it counted since is added.
+TALLIES_FOR_UPDATE = "SELECT tallies::text AS tallies FROM agora.process_tallies WHERE process_id = $1 FOR UPDATE"
+
+# A worker process's counters and histograms (a JSON snapshot), replacing its last ones.
+PUBLISH_TALLIES = """
+INSERT INTO agora.process_tallies (process_id, tallies) VALUES ($1, $2::jsonb)
+ON CONFLICT (process_id) DO UPDATE SET tallies = EXCLUDED.tallies, published_at = now()
+"""
+
+# Every process's snapshot (the retired sum included), for the API's /metrics.
+ALL_TALLIES = "SELECT tallies::text AS tallies FROM agora.process_tallies ORDER BY process_id"
+
+# Whether a process has been silent for $1 seconds (its tallies are to be retired).
+ANY_SILENT_TALLIES = """
+SELECT EXISTS (SELECT FROM agora.process_tallies
+               WHERE process_id <> $2 AND published_at < now() - make_interval(secs => $1))
+"""
+
+# The tallies of processes silent for $1 seconds and the retired sum ($2), locked: they
+# are folded into the sum and deleted in the same transaction.
+SILENT_TALLIES_FOR_UPDATE = """
+SELECT process_id, tallies::text AS tallies FROM agora.process_tallies
+WHERE process_id = $2 OR published_at < now() - make_interval(secs => $1)
+ORDER BY process_id
+FOR UPDATE
+"""
+
+DELETE_TALLIES = "DELETE FROM agora.process_tallies WHERE process_id = ANY($1::text[])"
+
+
 # Record a starting worker process ($4: the queues it claims).
 INSERT_WORKER = """
 INSERT INTO agora.workers (id, hostname, pid, queues, kinds) VALUES ($1, $2, $3, $4::text[], $5::text[])
@@ -964,13 +994,6 @@ RETURNING {SCHEDULE_COLUMNS}, {_WAKE_SCHEDULE}
 # per queue the age of the oldest due one: the agora.queue_now view, which the README's
 # "queue right now" query reads too, so that both count the same jobs.
 METRIC_QUEUE_NOW = "SELECT queue, state, jobs, oldest_due_seconds FROM agora.queue_now"
-
-# Runs finished in the last $1 seconds, by outcome.
-METRIC_RECENT_RUNS = """
-SELECT status, count(*) AS runs FROM agora.runs
-WHERE finished_at > now() - make_interval(secs => $1)
-GROUP BY status
-"""
 
 # Schedules by state, and how many active ones are backing off after errors.
 METRIC_SCHEDULES = """

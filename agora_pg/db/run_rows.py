@@ -44,11 +44,10 @@ class MetricsSnapshot:
 
     live_jobs: list[tuple[str, str, int]]  # queue, state (pending, processing, retrying), count
     oldest_due_seconds: dict[str, float]  # queue -> age of its oldest due job (pending or retrying)
-    recent_runs: dict[str, int]  # outcome -> runs finished in the window
-    recent_window_seconds: float
     schedules: dict[str, int]  # state -> count
     schedules_in_backoff: int
     kind_limits: list[KindLimitNow] = dataclasses.field(default_factory=list)
+    tallies: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # agora.process_tallies' snapshots
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,6 +16,7 @@ and anything else, which the caller records as the failure it is.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import datetime
@@ -209,23 +210,23 @@ class Store:
 
     # -- reports across tables: metrics, events, the dashboard -------------------------
 
-    async def metrics(self, recent_window_seconds: float = 300.0) -> MetricsSnapshot:
-        """Queue depth, waiting time, recent run outcomes and schedule states, in one transaction."""
+    async def metrics(self) -> MetricsSnapshot:
+        """Queue depth, waiting time, schedule states, flow control and the worker
+        processes' counters, in one transaction."""
         async with self.connection() as connection, connection.transaction(readonly=True):
             live = await connection.fetch(queries.METRIC_QUEUE_NOW)
-            runs = await connection.fetch(queries.METRIC_RECENT_RUNS, recent_window_seconds)
             schedules = await connection.fetch(queries.METRIC_SCHEDULES)
             limits = await connection.fetch(queries.KIND_LIMITS_NOW)
+            tallies = await connection.fetch(queries.ALL_TALLIES)
         return MetricsSnapshot(
             live_jobs=[(row["queue"], row["state"], row["jobs"]) for row in live],
             oldest_due_seconds=oldest_due_by_queue(
                 (row["queue"], row["oldest_due_seconds"]) for row in live if row["oldest_due_seconds"] is not None
             ),
-            recent_runs={row["status"]: row["runs"] for row in runs},
-            recent_window_seconds=recent_window_seconds,
             schedules={row["state"]: row["schedules"] for row in schedules},
             schedules_in_backoff=sum(row["in_backoff"] for row in schedules),
             kind_limits=[KindLimitNow(**dict(row.items())) for row in limits],
+            tallies=[json.loads(row["tallies"]) for row in tallies],
         )
 
     async def event_times(self, max_lag_seconds: float) -> tuple[datetime, datetime]:

@@ -236,3 +236,16 @@ kind_starts = Table(
     comment="Starts of rate-limited kinds' jobs within their window (older ones are deleted by the claims).",
 )
 Index("kind_starts_key_idx", kind_starts.c.kind, kind_starts.c.key, kind_starts.c.started_at)
+
+process_tallies = Table(
+    "process_tallies",
+    metadata,
+    Column("process_id", Text, primary_key=True,
+           comment="host:pid:token of a worker process, or '(retired)': the sum of processes gone quiet"),
+    Column("tallies", JSONB, nullable=False,
+           comment="The process's counters and histogram buckets since it started (process_metrics.snapshot)"),
+    Column("published_at", DateTime(timezone=True), nullable=False, server_default=text("now()"),
+           comment="When the process last published them (every 10 s while it runs)"),
+    comment="Counters of worker processes for the API's /metrics; a process silent for 10 minutes is "
+            "folded into the '(retired)' row, so that the sums never go down.",
+)

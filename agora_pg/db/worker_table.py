@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+import json
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from agora_pg.db import queries
 from agora_pg.db.job_rows import LeaseRenewal
@@ -15,6 +16,7 @@ if TYPE_CHECKING:
 # A worker without a heartbeat for this long is not counted as alive (the dashboard's
 # list, POST /jobs's warning).
 WORKER_ALIVE_SECONDS = 60
+RETIRED_TALLIES = "(retired)"  # the process_tallies row that sums the processes gone quiet
 
 class WorkerTable:
     """Reached as ``store.workers``; runs its statements through the Store's connections."""
@@ -68,3 +70,36 @@ class WorkerTable:
     async def settle_leases(self, passed_seconds: float) -> None:
         """Let go of worker leases that passed ``passed_seconds`` ago and cover no job."""
         await self._store.execute(queries.SETTLE_WORKER_LEASES, float(passed_seconds))
+
+    # -- the processes' counters (agora.process_tallies) --------------------------------
+
+    async def add_tallies(self, process_id: str, delta: dict[str, Any],
+                          merge: Callable[[list[dict[str, Any]]], dict[str, Any]]) -> None:
+        """Add ``delta`` (counters and histograms, as JSON) to the process's row (``merge``
+        adds snapshots up)."""
+        async with self._store.connection() as connection, connection.transaction():
+            row = await connection.fetchrow(queries.TALLIES_FOR_UPDATE, process_id)
+            total = merge([json.loads(row["tallies"]), delta]) if row is not None else delta
+            await connection.execute(queries.PUBLISH_TALLIES, process_id, json.dumps(total))
+
+    async def all_tallies(self) -> list[dict[str, Any]]:
+        """Every process's snapshot, the retired sum's included."""
+        return [json.loads(row["tallies"]) for row in await self._store.fetch(queries.ALL_TALLIES)]
+
+    async def retire_tallies(self, silent_seconds: float,
+                             merge: Callable[[list[dict[str, Any]]], dict[str, Any]]) -> int:
+        """Fold the snapshots of processes silent for ``silent_seconds`` into the retired
+        sum (``merge`` adds snapshots up), in one transaction: the total never goes down.
+        Returns how many were folded."""
+        [row] = await self._store.fetch(queries.ANY_SILENT_TALLIES, float(silent_seconds), RETIRED_TALLIES)
+        if not row[0]:
+            return 0
+        async with self._store.connection() as connection, connection.transaction():
+            rows = await connection.fetch(queries.SILENT_TALLIES_FOR_UPDATE, float(silent_seconds), RETIRED_TALLIES)
+            silent = [row["process_id"] for row in rows if row["process_id"] != RETIRED_TALLIES]
+            if not silent:
+                return 0
+            total = merge([json.loads(row["tallies"]) for row in rows])
+            await connection.execute(queries.PUBLISH_TALLIES, RETIRED_TALLIES, json.dumps(total))
+            await connection.execute(queries.DELETE_TALLIES, silent)
+        return len(silent)

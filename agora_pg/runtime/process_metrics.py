@@ -3,15 +3,21 @@ counters and histograms of the job attempts it recorded and the schedule ticks i
 and the sync handlers' threads it gave up on (which its health answer names too).
 
 Recording is a few dict and list operations per job (no lock, no label lookup: the event
-loop is the only writer); the Prometheus metric families are built at scrape time.
+loop is the only writer); the Prometheus metric families are built at scrape time. Every
+10 s a worker publishes a ``snapshot()`` to ``agora.process_tallies``; the API's
+``/metrics`` serves the sum of every process's (``ProcessMetrics.of``) under the same names.
 """
 
 from __future__ import annotations
 
 import bisect
 import dataclasses
+import os
+import secrets
+import socket
 import time
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 from agora_pg.printable import escape_controls
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -65,7 +71,50 @@ class StuckThread:
 
 
 class ProcessMetrics:
-    """Counters and histograms of one process (a prometheus_client custom collector)."""
+    """Counters and histograms of one process, or the sum of many (a prometheus_client
+    custom collector)."""
+
+    @classmethod
+    def of(cls, snapshots: Iterable[dict[str, Any]]) -> ProcessMetrics:
+        """The sum of processes' ``snapshot()`` values."""
+        total = cls()
+        for snapshot in snapshots:
+            total.add(snapshot)
+        return total
+
+    def snapshot(self) -> dict[str, Any]:
+        """The counters and histograms as JSON values (what a process publishes)."""
+        def series(histograms: dict[tuple[str, ...], Buckets]) -> list[list[Any]]:
+            return [[*key, buckets.counts, buckets.total] for key, buckets in sorted(histograms.items())]
+        return {"completed": [[*key, count] for key, count in sorted(self.completed.items())],
+                "durations": series(self.durations), "waits": series(self.waits), "lags": series(self.schedule_lags)}
+
+    def since(self, earlier: ProcessMetrics) -> dict[str, Any]:
+        """What was counted since ``earlier`` (a copy of these, taken then), as a snapshot."""
+        difference = ProcessMetrics.of([self.snapshot()])
+        difference.add(earlier.snapshot(), times=-1)
+        difference.completed = {key: count for key, count in difference.completed.items() if count}
+        for histograms in (difference.durations, difference.waits, difference.schedule_lags):
+            for key in [key for key, buckets in histograms.items() if not any(buckets.counts)]:
+                del histograms[key]
+        return difference.snapshot()
+
+    def add(self, snapshot: dict[str, Any], times: int = 1) -> None:
+        """Add another process's ``snapshot()`` to these, ``times`` times (-1: take it away;
+        a histogram of other buckets than this version's is left out)."""
+        for queue, kind, outcome, count in snapshot.get("completed", ()):
+            key = (queue, kind, outcome)
+            self.completed[key] = self.completed.get(key, 0) + times * int(count)
+        for name, histograms, bounds in (("durations", self.durations, DURATION_BUCKETS),
+                                         ("waits", self.waits, WAIT_BUCKETS), ("lags", self.schedule_lags, LAG_BUCKETS)):
+            for *key, counts, total in snapshot.get(name, ()):
+                if len(counts) != len(bounds) + 1:
+                    continue
+                buckets = histograms.get(tuple(key))
+                if buckets is None:
+                    buckets = histograms[tuple(key)] = Buckets(bounds)
+                buckets.counts = [mine + times * int(theirs) for mine, theirs in zip(buckets.counts, counts, strict=True)]
+                buckets.total += times * float(total)
 
     def __init__(self) -> None:
         self.completed: dict[tuple[str, str, str], int] = {}
@@ -111,19 +160,20 @@ class ProcessMetrics:
 
     def collect(self) -> Iterator[Metric]:
         completed = CounterMetricFamily(
-            "agora_jobs_completed", "Job attempts whose outcome this worker process recorded, by outcome "
-            "(succeeded, failed, cancelled, lost, released).", labels=["queue", "kind", "outcome"],
+            "agora_jobs_completed", "Job attempts whose outcome was recorded (by this worker process; in the "
+            "API's /metrics, by every worker process), by outcome (succeeded, failed, cancelled, lost, released).",
+            labels=["queue", "kind", "outcome"],
         )
         for labels, count in sorted(self.completed.items()):
             completed.add_metric([escape_controls(value, newlines=None) for value in labels], count)
         yield completed
         yield self._histogram("agora_job_duration_seconds", "Seconds from claim to outcome of the job "
-                              "attempts this process recorded.", ["queue", "kind"], self.durations)
+                              "attempts recorded.", ["queue", "kind"], self.durations)
         yield self._histogram("agora_job_wait_seconds", "Seconds a job waited from its due time (run_at: "
                               "enqueue, or the end of its delay) to the start of an attempt.",
                               ["queue", "kind"], self.waits)
         yield self._histogram("agora_schedule_lag_seconds", "Seconds from a schedule's tick to the start of "
-                              "its run in this process.", ["pipeline_id"], self.schedule_lags)
+                              "its run.", ["pipeline_id"], self.schedule_lags)
         stuck = GaugeMetricFamily(
             "agora_stuck_threads", "Sync handlers' threads given up after their attempt's timeout plus a lease "
             "(recorded timed out, still running: the process stops to be restarted); the value is seconds past "
@@ -145,4 +195,45 @@ class ProcessMetrics:
         return family
 
 
+def merge_snapshots(snapshots: list[dict[str, Any]]) -> dict[str, Any]:
+    """The sum of processes' snapshots, as one snapshot."""
+    return ProcessMetrics.of(snapshots).snapshot()
+
+
 PROCESS_METRICS = ProcessMetrics()  # the one of this process: workers record into it, /metrics reads it
+PROCESS_ID = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"  # its agora.process_tallies row
+
+
+class TalliesPublisher:
+    """Adds what this process counted since its last publication to its row of
+    ``agora.process_tallies`` (a delta, so that a process whose row was retired while it
+    was cut off from the database counts nothing twice), and folds the rows of processes
+    silent for ``SILENT_SECONDS`` into the retired sum. One per process: every worker of
+    the process calls ``publish``; each delta is taken before any await, so two never
+    overlap."""
+
+    SILENT_SECONDS = 600.0
+    RETIRE_EVERY_SECONDS = 60.0
+
+    def __init__(self, metrics: ProcessMetrics, process_id: str) -> None:
+        self.metrics = metrics
+        self.process_id = process_id
+        self.published = ProcessMetrics()
+        self._retire_due = 0.0
+
+    async def publish(self, workers: Any) -> None:
+        """Publish through ``workers`` (a Store's ``WorkerTable``)."""
+        delta = self.metrics.since(self.published)
+        if any(delta.values()):
+            self.published.add(delta)
+            try:
+                await workers.add_tallies(self.process_id, delta, merge_snapshots)
+            except BaseException:
+                self.published.add(delta, times=-1)  # (published again next time)
+                raise
+        if time.monotonic() >= self._retire_due:
+            self._retire_due = time.monotonic() + self.RETIRE_EVERY_SECONDS
+            await workers.retire_tallies(self.SILENT_SECONDS, merge_snapshots)
+
+
+TALLIES = TalliesPublisher(PROCESS_METRICS, PROCESS_ID)

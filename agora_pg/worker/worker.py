@@ -33,7 +33,7 @@ from agora_pg.outcomes import Outcome, StopReason, thread_left_running
 from agora_pg.runtime.database_calls import StopSignal, Stopped, listen_until, retry_database, unless_stopped
 from agora_pg.runtime.leases import LeaseSupervisor, supervising
 from agora_pg.runtime.process import ErrorWait, check_schema, new_worker_id, warn_unknown_settings
-from agora_pg.runtime.process_metrics import PROCESS_METRICS, StuckThread
+from agora_pg.runtime.process_metrics import PROCESS_METRICS, TALLIES, StuckThread
 from agora_pg.settings import Settings, load_settings
 from agora_pg.worker.attempts import DEFAULT_OPTIONS, Attempt, run_attempt
 from agora_pg.worker.completer import Completer
@@ -56,6 +56,7 @@ LIMITS_REFRESH_SECONDS = 5.0  # how often a worker reads which of its kinds have
 LIMITED_SCAN = 100
 LIMITED_SCAN_PER_SLOT = 4
 RATE_ROOM_MARGIN = 0.002  # wake this long after a rate limit's window has room
+TALLIES_EVERY_SECONDS = 10.0  # how often the process's counters are published (agora.process_tallies)
 PROMOTE_BATCH = 1000  # delayed jobs promoted per statement
 PROMOTE_MIN_INTERVAL = 0.1  # seconds between a worker's promotions while delayed jobs keep falling due
 PROMOTE_MARGIN = 0.002  # wake this long after the next delayed job falls due
@@ -249,6 +250,7 @@ class _WorkerRun:
                          "job_rescuer")
         if settings.retention is not None:
             self._start_side(self._every(settings.prune_interval, self._prune, "pruning finished history"), "pruner")
+        self._start_side(self._every(TALLIES_EVERY_SECONDS, self._publish_tallies, "publishing counters"), "tallies")
         if settings.notifications:
             channels = {
                 NOTIFY_CHANNEL: self._on_enqueue,
@@ -525,6 +527,9 @@ class _WorkerRun:
         log.error("%s crashed; stopping the worker", task.get_name(), exc_info=task.exception())
         self.worker.stop()
 
+    async def _publish_tallies(self) -> None:
+        await TALLIES.publish(self.store.workers)
+
     async def _prune(self) -> None:
         """One pruning round (``AGORA_PG_PRUNE_AFTER``); another process pruning now is fine."""
         assert self.settings.retention is not None
@@ -637,6 +642,7 @@ class _WorkerRun:
             "giving back jobs claimed but not started",
         )
         await self._bounded(self.store.workers.stop(worker.id), "recording the worker's stop")
+        await self._bounded(self._publish_tallies(), "publishing counters")
         log.info("worker %s stopped", worker.id)
 
     async def _bounded(self, call: Coroutine[Any, Any, Any], what: str) -> None:
@@ -675,8 +681,8 @@ class _WorkerRun:
 
 def shutdown_bound(settings: Settings) -> float:
     """The longest a worker's graceful shutdown takes (its steps' deadlines added up): the
-    grace period, the stop of what still runs, the outcomes' drain, two database steps."""
-    return settings.shutdown_timeout + 5.0 + max(settings.lease_seconds, 5.0) + 2 * settings.database_timeout
+    grace period, the stop of what still runs, the outcomes' drain, three database steps."""
+    return settings.shutdown_timeout + 5.0 + max(settings.lease_seconds, 5.0) + 3 * settings.database_timeout
 
 
 class _Stopping(Exception):

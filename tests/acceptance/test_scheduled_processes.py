@@ -156,7 +156,7 @@ async def test_the_health_server_reports_error_types_on_loopback_and_metrics(
         report = (await client.get("/health")).json()["pipelines"]["acceptance"]
         assert report["last_error_type"] == "RuntimeError" and "last_error" not in report, report
         metrics = await client.get("/metrics")
-        assert metrics.status_code == 200 and "agora_runs_recent" in metrics.text, metrics.text[:300]
+        assert metrics.status_code == 200 and "agora_schedules{" in metrics.text, metrics.text[:300]
         rebound = await client.get("/health", headers={"Host": "evil.example"})
         assert rebound.status_code == 403
         assert (await client.post("/health")).status_code == 405

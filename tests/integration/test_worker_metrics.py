@@ -8,11 +8,14 @@ import re
 import urllib.request
 from typing import Any
 
+from litestar.testing import AsyncTestClient
 from prometheus_client import CollectorRegistry, generate_latest
 
 from agora_pg import Fail, Job, Queue, Settings, Worker
+from agora_pg.api import create_app
+from agora_pg.db.store import Store
 from agora_pg.runner import Schedule, ScheduledPipeline, WorkerPool
-from agora_pg.runtime.process_metrics import PROCESS_METRICS
+from agora_pg.runtime.process_metrics import PROCESS_METRICS, ProcessMetrics, merge_snapshots
 
 from .helpers import wait_until
 
@@ -104,8 +107,56 @@ async def test_the_health_servers_metrics_count_outcomes_durations_waits_and_sch
     assert _value(text, 'agora_job_wait_seconds_count{kind="quick",queue="metrics"}') >= 5
     lag_sum = _value(text, 'agora_schedule_lag_seconds_sum{pipeline_id="metrics-tick"}')
     assert 0 <= lag_sum < 5 * _value(text, 'agora_schedule_lag_seconds_count{pipeline_id="metrics-tick"}')
-    assert "# TYPE agora_jobs gauge" in text and "agora_runs_recent{" in text  # the database's gauges too
+    assert "# TYPE agora_jobs gauge" in text and "agora_schedules{" in text  # the database's gauges too
 
 
 async def _has_port(pool: WorkerPool) -> bool:
     return pool.health is not None and pool.health.port != 0
+
+
+async def test_the_apis_metrics_sum_every_worker_process_under_the_same_names(
+    queue: Queue, settings: Settings, store: Store
+) -> None:
+    """Each worker process adds what it counted to agora.process_tallies (every 10 s, and
+    when it stops); the API's /metrics serves the sum; a process silent for 10 minutes is
+    folded into the retired sum, which keeps the total."""
+    for _ in range(3):
+        await queue.enqueue("tallied", queue="tallies")
+    worker = Worker({"tallied": quick}, settings=settings.replace(queues=("tallies",)))
+    task = asyncio.create_task(worker.run(handle_signals=False))
+    try:
+        await wait_until(lambda: _all_done(store, "tallies"), timeout=15)
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 15)  # (its stop publishes what it counted)
+    other = ProcessMetrics()  # another process, on another host
+    other.job_recorded("tallies", "tallied", "succeeded", 0.2, 0.1)
+    other.job_recorded("tallies", "tallied", "failed", 40.0, None)
+    await store.workers.add_tallies("elsewhere:1:x", other.snapshot(), merge_snapshots)
+    async with AsyncTestClient(app=create_app(settings), base_url="http://api.localhost:8000") as client:
+        text = (await client.get("/metrics")).text
+        done = 'agora_jobs_completed_total{kind="tallied",outcome="succeeded",queue="tallies"}'
+        assert _value(text, done) == 4
+        assert _value(text, 'agora_jobs_completed_total{kind="tallied",outcome="failed",queue="tallies"}') == 1
+        assert _value(text, 'agora_job_duration_seconds_bucket{kind="tallied",le="30.0",queue="tallies"}') == 4  # not the 40 s one
+        assert _value(text, 'agora_job_duration_seconds_count{kind="tallied",queue="tallies"}') == 5
+        # a process silent for 10 minutes is retired: the sum stays, its row goes
+        async with store.connection() as connection:
+            await connection.execute("UPDATE agora.process_tallies SET published_at = now() - interval '11 minutes' "
+                                     "WHERE process_id = 'elsewhere:1:x'")
+        assert await store.workers.retire_tallies(600, merge_snapshots) == 1
+        assert _value((await client.get("/metrics")).text, done) == 4
+        async with store.connection() as connection:
+            ids = await connection.fetch("SELECT process_id FROM agora.process_tallies ORDER BY process_id")
+        assert "elsewhere:1:x" not in [row["process_id"] for row in ids] and "(retired)" in [r["process_id"] for r in ids]
+        # it comes back: it adds only what it counted since, so nothing counts twice
+        since = ProcessMetrics()
+        since.job_recorded("tallies", "tallied", "succeeded", 0.2, 0.1)
+        await store.workers.add_tallies("elsewhere:1:x", since.snapshot(), merge_snapshots)
+        assert _value((await client.get("/metrics")).text, done) == 5
+
+
+async def _all_done(store: Store, queue_name: str) -> bool:
+    async with store.connection() as connection:
+        return bool(await connection.fetchval(
+            "SELECT count(*) = 3 FROM agora.jobs WHERE queue = $1 AND status = 'done'", queue_name))

@@ -19,7 +19,7 @@ def test_every_rule_is_well_formed_and_names_only_served_metrics() -> None:
     process.job_recorded("default", "k", "succeeded", 0.1, 0.1)
     process.schedule_started("p", 0.1)
     snapshot = MetricsSnapshot(live_jobs=[("default", "pending", 1)], oldest_due_seconds={"default": 1.0},
-                               recent_runs={}, recent_window_seconds=300, schedules={}, schedules_in_backoff=0)
+                               schedules={}, schedules_in_backoff=0)
     served = set(re.findall(r"^(agora_[a-z_]+)", render_metrics(snapshot, process).decode(), re.MULTILINE))
     [group] = yaml.safe_load(RULES.read_text())["groups"]
     names = set()

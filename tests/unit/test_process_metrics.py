@@ -35,3 +35,24 @@ def test_the_families_render_with_prometheus_names() -> None:
     assert 'agora_schedule_lag_seconds_bucket{le="0.005",pipeline_id="nightly"} 1.0' in text
     assert 'agora_schedule_lag_seconds_sum{pipeline_id="nightly"} 0.012' in text
     assert "# TYPE agora_jobs_completed_total counter" in text and "# TYPE agora_job_duration_seconds histogram" in text
+
+
+def test_snapshots_add_up_and_a_delta_holds_only_what_came_since() -> None:
+    one = ProcessMetrics()
+    one.job_recorded("q", "k", "succeeded", 0.02, 0.5)
+    one.schedule_started("p", 0.01)
+    published = ProcessMetrics.of([one.snapshot()])  # what was published so far
+    one.job_recorded("q", "k", "succeeded", 2.0, None)
+    one.job_recorded("q", "k", "failed", 0.02, 0.1)
+    delta = one.since(published)
+    assert delta["completed"] == [["q", "k", "failed", 1], ["q", "k", "succeeded", 1]]
+    assert delta["lags"] == [] and [row[:2] for row in delta["waits"]] == [["q", "k"]]
+    published.add(delta)
+    assert published.snapshot() == one.snapshot()  # the sum of the deltas is the whole
+    assert one.since(published) == {"completed": [], "durations": [], "waits": [], "lags": []}
+    fleet = ProcessMetrics.of([one.snapshot(), one.snapshot()])
+    assert fleet.completed[("q", "k", "succeeded")] == 4
+    assert sum(fleet.durations[("q", "k")].counts) == 6 and fleet.durations[("q", "k")].total == 2 * 2.04
+    stranger = {"durations": [["q", "k", [1, 2], 3.0]]}  # other buckets (another version): left out
+    fleet.add(stranger)
+    assert sum(fleet.durations[("q", "k")].counts) == 6
