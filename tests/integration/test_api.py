@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -14,6 +15,7 @@ import pytest
 from litestar.testing import AsyncTestClient
 
 from agora_pg.api import create_app
+from agora_pg.api.schemas import RunOut
 from agora_pg.db import queries
 from agora_pg.db.schedule_rows import ScheduleRegistration
 from agora_pg.db.store import Store
@@ -602,3 +604,14 @@ async def test_the_events_stream_is_documented_as_it_answers(client: httpx.Async
     assert header.status_code == 400 and header.json()["field"] == "Last-Event-ID"
     # (a stream from a real server, with a cursor the pattern takes: test_events_processes)
     assert re.fullmatch(parameters["since"]["schema"]["pattern"], str(int(datetime.now(UTC).timestamp() * 1e6)))
+
+
+async def test_the_getting_started_samples_show_every_field_the_api_answers(client: httpx.AsyncClient) -> None:
+    """The curl session of docs/getting-started.md is real output: no field missing or stale."""
+    lines = (REPO / "docs" / "getting-started.md").read_text(encoding="utf-8").splitlines()
+    [posted, got] = [json.loads(line) for line in lines if line.startswith('{"id":2,"name":"hello"')]
+    [runs] = [json.loads(line) for line in lines if line.startswith('{"items":[{"id":2,')]
+    created = await client.post("/jobs", json={"name": "hello", "kind": "echo", "payload": {"message": "hi"}})
+    job = (await client.get(f"/jobs/{created.json()['id']}")).json()
+    assert list(posted) == list(created.json()) and list(got) == list(job)
+    assert list(got["runs"][0]) == list(runs["items"][0]) == list(RunOut.__struct_fields__)
