@@ -23,10 +23,10 @@ from agora_pg.job_spec import JobSpec
 from agora_pg.jobs import Job
 from agora_pg.queue import Queue
 from agora_pg.runner import Schedule, ScheduledPipeline
-
-from .helpers import record_failure
 from agora_pg.settings import Settings
 from agora_pg.worker.handlers import Handlers
+
+from .helpers import record_failure
 
 TOKEN = "s3cret-token-0123456789"
 REPO = Path(__file__).resolve().parents[2]
