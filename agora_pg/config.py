@@ -81,6 +81,8 @@ class WorkerConfig:
     # [kinds.NAME]: the flow control of job kinds, declared by the config worker (it wins
     # over the code's; None: the file has no [kinds] table and leaves limits alone)
     kinds: dict[str, KindLimit] | None = None
+    # [queues.NAME]: concurrency limits of queues (the same rules; None: no [queues] table)
+    queues: dict[str, int] | None = None
 
 
 def load_config(text: str, env: Mapping[str, str]) -> WorkerConfig:
@@ -111,13 +113,29 @@ def load_config(text: str, env: Mapping[str, str]) -> WorkerConfig:
     kinds_table = root.table("kinds")
     kinds = {name: _kind_limit(kinds_table.table(name), name) for name in list(kinds_table.data)} if has_kinds else None
     kinds_table.done()
+    has_queues = "queues" in root.data
+    queues_table = root.table("queues")
+    queues = ({name: _queue_limit(queues_table.table(name), name) for name in list(queues_table.data)}
+              if has_queues else None)
+    queues_table.done()
     ids = [(f"pipelines.{name}", item.id) for name, item in pipelines.items()]
     ids += [(f"periodic_jobs.{name}", item.id) for name, item in periodic_jobs.items()]
     for path, schedule_id in ids:
         if [other for other in ids if other[1] == schedule_id][1:]:
             raise ConfigError(f"{path}.id", f"{_show(schedule_id)} is the id of another schedule too")
     root.done()
-    return WorkerConfig(health_port, shutdown, pipelines, periodic_jobs, kinds)
+    return WorkerConfig(health_port, shutdown, pipelines, periodic_jobs, kinds, queues)
+
+
+def _queue_limit(table: _Table, name: str) -> int:
+    """A ``[queues.NAME]`` table: ``concurrency``, the most of the queue's jobs running at once."""
+    if not name.strip() or not name.isprintable():
+        raise ConfigError(table.path, "expected a queue name of printable characters")
+    concurrency: int = table.required("concurrency", int)
+    if concurrency < 1:
+        raise ConfigError(table.key("concurrency"), f"expected a whole number >= 1, got {concurrency}")
+    table.done()
+    return concurrency
 
 
 def _kind_limit(table: _Table, name: str) -> KindLimit:

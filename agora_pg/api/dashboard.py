@@ -149,6 +149,7 @@ class DashboardFragments(Controller):
             "alive_seconds": WORKER_ALIVE_SECONDS,
             "troubled": [row for row in schedules if row["in_trouble"]],
             "limits": await store.read_rows(queries.KIND_LIMITS_NOW),
+            "queue_limits": await store.read_rows(queries.QUEUE_LIMITS_NOW),
         })
 
     @get("/jobs")

@@ -76,6 +76,10 @@ def render_metrics(snapshot: MetricsSnapshot, process: Collector | None = None) 
                                               "waiting: they take turns."),
         )
     }
+    queue_limit = Gauge("agora_queue_limit", "A limited queue's concurrency limit (its running jobs: "
+                        "agora_jobs{status=\"processing\"}).", ["queue"], registry=registry)
+    for queue, concurrency in snapshot.queue_limits.items():
+        queue_limit.labels(queue=label_value(queue)).set(concurrency)
     for limit in snapshot.kind_limits:
         for name, gauge in limits.items():
             if getattr(limit, name) is not None:  # (a limit not set has no sample)

@@ -120,6 +120,49 @@ class JobTable:
         keys = {row["fair_key"] for row in rows} - {None}
         return _in_claim_order(rows), last_key_served(keys, after_key) if keys else after_key
 
+    async def claim_from_limited_queue(
+        self, queue: str, limit: int, worker_id: str, lease_seconds: float, *, limited_kinds: Sequence[str] = (),
+        scan: int = 100, after_key: str | None = None, suspects: bool = True, suspect_lost: int = 1,
+    ) -> tuple[list[Job], str | None]:
+        """Claim up to ``limit`` due jobs of ``queue``, which has a concurrency limit: at
+        most its limit less its running jobs, counted under a lock of its limit's row that
+        makes the queue's claims take turns (``queries.LOCK_QUEUE_LIMIT``); jobs of
+        ``limited_kinds`` first, within their own limits (as ``claim_limited``). Returns the
+        jobs and the last key of fair share served. A queue whose limit is gone is claimed
+        as any other."""
+        lease = float(lease_seconds)
+        jobs: list[Job] = []
+        async with self._store.connection() as connection, connection.transaction():
+            concurrency = await connection.fetchval(queries.LOCK_QUEUE_LIMIT, queue)
+            room = limit if concurrency is None else min(
+                limit, concurrency - await connection.fetchval(queries.RUNNING_IN_QUEUE, queue))
+            if room > 0 and limited_kinds:
+                rows = await connection.fetch(queries.CLAIM_LIMITED_JOBS, [queue], list(limited_kinds), scan, room,
+                                              worker_id, lease, after_key)
+                keys = {row["fair_key"] for row in rows} - {None}
+                after_key = last_key_served(keys, after_key) if keys else after_key
+                jobs = _in_claim_order(rows)
+            if room > len(jobs):
+                jobs += _in_claim_order(await connection.fetch(
+                    queries.CLAIM_JOBS, queue, room - len(jobs), worker_id, lease, suspects, suspect_lost))
+        return jobs, after_key
+
+    async def declare_queue_limits(self, limits: Mapping[str, int | None], *, config: bool = False) -> list[str]:
+        """Write the concurrency limits of these queues (None: the queue's row is removed),
+        as ``declare_limits`` does for kinds; returns the config-declared queues released."""
+        queues = sorted(limits)
+        async with self._store.connection() as connection, connection.transaction():
+            await connection.execute(queries.DECLARE_QUEUE_LIMITS, queues, [limits[q] for q in queues],
+                                     "config" if config else "code")
+            if not config:
+                return []
+            rows = await connection.fetch(queries.RELEASE_CONFIG_QUEUE_LIMITS, queues)
+        return sorted(row["queue"] for row in rows)
+
+    async def limited_queues(self, queues: Sequence[str]) -> dict[str, int]:
+        """Those of ``queues`` that have a concurrency limit, and their limits."""
+        return {row["queue"]: row["concurrency"] for row in await self._store.fetch(queries.LIMITED_QUEUES, list(queues))}
+
     async def declare_limits(self, limits: Mapping[str, KindLimit], *, config: bool = False) -> list[str]:
         """Write the flow control of these kinds (a kind with none has its row removed), and
         give their waiting jobs the key of fair share it asks for. A worker declares the

@@ -292,6 +292,44 @@ RELEASE_CONFIG_LIMITS = """
 DELETE FROM agora.kind_limits WHERE declared_in = 'config' AND NOT kind = ANY($1::text[]) RETURNING kind
 """
 
+# -- limited queues ------------------------------------------------------------
+
+# Declare the concurrency limits of queues $1 (text[]; $2 int[], NULL: none) where $3
+# says ('code': a worker, for the queues it claims; 'config': an agora/v1 [queues] table),
+# with DECLARE_KIND_LIMITS's rules: a queue with none has its row deleted, a code
+# declaration leaves a config row alone.
+DECLARE_QUEUE_LIMITS = """
+WITH declared AS (
+    SELECT * FROM unnest($1::text[], $2::int[]) AS d(queue, concurrency)
+), removed AS (
+    DELETE FROM agora.queue_limits AS l USING declared AS d
+    WHERE l.queue = d.queue AND d.concurrency IS NULL AND (l.declared_in = 'code' OR $3::text = 'config')
+)
+INSERT INTO agora.queue_limits AS l (queue, concurrency, declared_in)
+SELECT queue, concurrency, $3::text FROM declared WHERE concurrency IS NOT NULL
+ON CONFLICT (queue) DO UPDATE SET concurrency = EXCLUDED.concurrency, declared_in = EXCLUDED.declared_in,
+    updated_at = now()
+    WHERE (l.declared_in = 'code' OR EXCLUDED.declared_in = 'config')
+      AND (l.concurrency, l.declared_in) IS DISTINCT FROM (EXCLUDED.concurrency, EXCLUDED.declared_in)
+"""
+
+# A config's [queues] table no longer lists these config-declared queues ($1: those it lists).
+RELEASE_CONFIG_QUEUE_LIMITS = """
+DELETE FROM agora.queue_limits WHERE declared_in = 'config' AND NOT queue = ANY($1::text[]) RETURNING queue
+"""
+
+# The limited queues among $1 (text[]; NULL: every one) and their limits.
+LIMITED_QUEUES = ("SELECT queue, concurrency FROM agora.queue_limits WHERE $1::text[] IS NULL OR queue = ANY($1::text[]) "
+                  "ORDER BY queue")
+
+# A claim of limited queue $1 is a transaction: LOCK_QUEUE_LIMIT reads its limit and locks
+# its row until the claim commits (the queue's claims take turns); RUNNING_IN_QUEUE, a
+# statement of its own whose snapshot is taken once the lock is held, counts its running
+# jobs; the claims of its limited kinds and of the others (CLAIM_JOBS) take at most the
+# difference.
+LOCK_QUEUE_LIMIT = "SELECT concurrency FROM agora.queue_limits WHERE queue = $1 FOR UPDATE"
+RUNNING_IN_QUEUE = "SELECT count(*) FROM agora.jobs WHERE status = 'processing' AND queue = $1"
+
 # Give the waiting jobs of kinds $1 (text[]) the fair_key their kind's declaration asks
 # for (jobs inserted before it was declared, or under another key field). Rows are locked
 # in id order, skipping those a claim holds, so two workers starting at once never wait
@@ -1005,6 +1043,15 @@ FROM agora.schedules GROUP BY state
 # Each limited kind (agora.kind_limits): its limits, its running jobs, how many of its keys
 # are at a limit (no room to start one more: agora.limit_room), and how many of its jobs
 # are due and waiting (for /metrics and the dashboard).
+QUEUE_LIMITS_NOW = """
+SELECT l.queue, l.concurrency, l.declared_in,
+       COALESCE((SELECT sum(jobs) FROM agora.queue_now AS q WHERE q.queue = l.queue AND q.state = 'processing'), 0)
+           ::int AS running,
+       COALESCE((SELECT sum(jobs) FROM agora.queue_now AS q WHERE q.queue = l.queue AND q.state <> 'processing'), 0)
+           ::int AS waiting
+FROM agora.queue_limits AS l ORDER BY l.queue
+"""
+
 KIND_LIMITS_NOW = f"""
 SELECT l.kind, l.concurrency, l.limit_by, l.rate, l.rate_seconds, l.fair_by,
        (SELECT count(*) FROM agora.jobs AS j WHERE j.status = 'processing' AND j.kind = l.kind)::int AS running,

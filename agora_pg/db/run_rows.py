@@ -48,6 +48,7 @@ class MetricsSnapshot:
     schedules_in_backoff: int
     kind_limits: list[KindLimitNow] = dataclasses.field(default_factory=list)
     tallies: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # agora.process_tallies' snapshots
+    queue_limits: dict[str, int] = dataclasses.field(default_factory=dict)  # queue -> its concurrency limit
 
 
 @dataclasses.dataclass(frozen=True)

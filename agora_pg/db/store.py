@@ -218,6 +218,7 @@ class Store:
             schedules = await connection.fetch(queries.METRIC_SCHEDULES)
             limits = await connection.fetch(queries.KIND_LIMITS_NOW)
             tallies = await connection.fetch(queries.ALL_TALLIES)
+            queue_limits = await connection.fetch(queries.LIMITED_QUEUES, None)
         return MetricsSnapshot(
             live_jobs=[(row["queue"], row["state"], row["jobs"]) for row in live],
             oldest_due_seconds=oldest_due_by_queue(
@@ -227,6 +228,7 @@ class Store:
             schedules_in_backoff=sum(row["in_backoff"] for row in schedules),
             kind_limits=[KindLimitNow(**dict(row.items())) for row in limits],
             tallies=[json.loads(row["tallies"]) for row in tallies],
+            queue_limits={row["queue"]: row["concurrency"] for row in queue_limits},
         )
 
     async def event_times(self, max_lag_seconds: float) -> tuple[datetime, datetime]:

@@ -249,3 +249,19 @@ process_tallies = Table(
     comment="Counters of worker processes for the API's /metrics; a process silent for 10 minutes is "
             "folded into the '(retired)' row, so that the sums never go down.",
 )
+
+queue_limits = Table(
+    "queue_limits",
+    metadata,
+    Column("queue", Text, primary_key=True, comment="The limited queue."),
+    Column("concurrency", Integer, nullable=False,
+           comment="At most this many of the queue's jobs run at once, across every worker."),
+    Column("declared_in", Text, nullable=False, server_default=text("'code'"),
+           comment="Where the limit was declared: 'code' (handlers.queue) or 'config' (an agora/v1 "
+                   "[queues.NAME] table, which a code declaration leaves alone)."),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=text("now()"),
+           comment="When the limit was last declared differently."),
+    CheckConstraint("concurrency >= 1", name="queue_limits_concurrency_positive"),
+    CheckConstraint("declared_in IN ('code', 'config')", name="queue_limits_declared_in_known"),
+    comment="Concurrency limits of queues, declared by the workers that claim them or by an agora/v1 config.",
+)

@@ -83,6 +83,7 @@ def build_worker_pool(config: WorkerConfig) -> WorkerPool:
     PeriodicJob per periodic job, and the flow control its [kinds] declare."""
     pool = WorkerPool(health_port=config.health_port, graceful_shutdown_timeout=config.graceful_shutdown_timeout)
     pool.kind_limits = config.kinds
+    pool.queue_limits = config.queues
     for pipeline in config.pipelines.values():
         pool.register(scheduled_pipeline(pipeline))
     for job in config.periodic_jobs.values():

@@ -104,6 +104,7 @@ class WorkerPool:
         self._error_details = False
         # an agora/v1 config's [kinds] tables: declared at start, over the code's (None: left alone)
         self.kind_limits: dict[str, KindLimit] | None = None
+        self.queue_limits: dict[str, int] | None = None  # and its [queues] tables, alike
 
     def register(self, item: ScheduledPipeline | PeriodicJob | Worker) -> WorkerPool:
         """Add a ScheduledPipeline, a PeriodicJob or the job Worker; returns self for chaining."""
@@ -164,24 +165,36 @@ class WorkerPool:
                 self._store = store
                 try:
                     await check_schema(store)
-                    if self.kind_limits is not None and not await self._declare_kind_limits(store):
+                    if ((self.kind_limits is not None or self.queue_limits is not None)
+                            and not await self._declare_limits(store)):
                         return  # stopped before it could
                     await self._serve(store, settings)
                 finally:
                     self._store = None
                     await store.close()
 
-    async def _declare_kind_limits(self, store: Store) -> bool:
+    async def _declare_limits(self, store: Store) -> bool:
         """Declare the config's flow control (waiting out an unreachable database); False
         when stopped first."""
-        limits = self.kind_limits or {}
+        limits, queues = self.kind_limits, self.queue_limits
+
+        async def declare() -> tuple[list[str], list[str]]:
+            kinds_released = [] if limits is None else await store.jobs.declare_limits(limits, config=True)
+            queues_released = [] if queues is None else await store.jobs.declare_queue_limits(
+                dict[str, int | None](queues), config=True)
+            return kinds_released, queues_released
+
         try:
-            released = await retry_database(lambda: store.jobs.declare_limits(limits, config=True),
-                                            what="declaring the kinds' limits", stop=self._stopping)
+            released, queues_released = await retry_database(declare, what="declaring the limits",
+                                                             stop=self._stopping)
         except Stopped:
             return False
-        log.info("flow control of %s declared by the config%s", ", ".join(sorted(limits)) or "no kind",
-                 f"; released {', '.join(released)} to the code's" if released else "")
+        if limits is not None:
+            log.info("flow control of %s declared by the config%s", ", ".join(sorted(limits)) or "no kind",
+                     f"; released {', '.join(released)} to the code's" if released else "")
+        if queues is not None:
+            log.info("limits of queues %s declared by the config%s", ", ".join(sorted(queues)) or "none",
+                     f"; released {', '.join(queues_released)} to the code's" if queues_released else "")
         return True
 
     async def _serve(self, store: Store, settings: Settings) -> None:

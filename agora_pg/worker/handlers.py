@@ -135,6 +135,7 @@ class Handlers(Mapping[str, Handler]):
     def __init__(self, handlers: Mapping[str, Handler] | None = None) -> None:
         self._handlers: dict[str, Handler] = dict(handlers or {})
         self._options: dict[str, KindOptions] = {}
+        self._queue_limits: dict[str, int | None] = {}
 
     def kind(
         self, name: str, *, timeout: float | None = None, non_retryable: tuple[type[BaseException], ...] = (),
@@ -170,6 +171,21 @@ class Handlers(Mapping[str, Handler]):
                               concurrency, limit_by, rate, fair_by)
         self._handlers[name] = handler
         self._options[name] = options
+
+    def queue(self, name: str, *, concurrency: int | None) -> None:
+        """Limit queue ``name`` to ``concurrency`` running jobs at once across every worker
+        (of every kind; None: remove the limit). A worker with this table declares it when
+        it starts; an agora/v1 config's ``[queues.NAME]`` wins over it."""
+        if not isinstance(name, str) or not name.strip() or not name.isprintable():
+            raise ValueError(f"a queue must be a non-empty string of printable characters, got {name!r}")
+        if concurrency is not None and (isinstance(concurrency, bool) or not isinstance(concurrency, int)
+                                        or concurrency < 1):
+            raise ValueError(f"the concurrency of queue {name!r} must be a whole number >= 1, got {concurrency!r}")
+        self._queue_limits[name] = concurrency
+
+    def queue_limits(self) -> dict[str, int | None]:
+        """The queues' limits declared with ``queue`` (None: to be removed)."""
+        return dict(self._queue_limits)
 
     def options(self, kind: str) -> KindOptions:
         return self._options.get(kind, KindOptions())

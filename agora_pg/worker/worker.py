@@ -98,6 +98,7 @@ class Worker:
             raise ValueError("give resources or lifespan, not both")
         self.handlers = dict(handlers)
         self.kind_options = {kind: handlers.options(kind) for kind in handlers} if isinstance(handlers, Handlers) else {}
+        self.queue_limits = handlers.queue_limits() if isinstance(handlers, Handlers) else {}
         self.async_kinds = {kind for kind, handler in self.handlers.items() if is_async_handler(handler)}
         self.resources = resources
         self.lifespan = lifespan
@@ -128,6 +129,7 @@ class Worker:
         and overrides, and an id and stop signals of its own (a stopped worker stays stopped)."""
         twin = Worker(self.handlers, resources=self.resources, lifespan=self.lifespan, settings=self.settings)
         twin.kind_options = dict(self.kind_options)
+        twin.queue_limits = dict(self.queue_limits)
         twin._overrides = dict(self._overrides)
         return twin
 
@@ -212,6 +214,7 @@ class _WorkerRun:
         self.limits_read_at = -LIMITS_REFRESH_SECONDS
         self.rate_wake: asyncio.TimerHandle | None = None  # wakes the claim loop when a rate window has room
         self.fair_cursor: str | None = None  # the last key of fair share served: the next claim starts after it
+        self.limited_queues: tuple[str, ...] = ()  # of its queues, those with a concurrency limit
         # the flow control its handlers declare (every kind it handles: one without any has its row removed)
         self.code_limits = ({kind: KindLimit(options.concurrency, options.limit_by, options.rate, options.fair_by)
                              for kind, options in worker.kind_options.items()} if worker.claim_kinds is None else {})
@@ -220,11 +223,13 @@ class _WorkerRun:
         worker, settings = self.worker, self.settings
         limits = self.code_limits
 
-        async def register() -> None:  # (both statements are idempotent: a retry runs both again)
+        async def register() -> None:  # (its statements are idempotent: a retry runs them again)
             await self.store.workers.register(worker.id, socket.gethostname(), os.getpid(), settings.queues,
                                               self.known_kinds)
             if limits:
                 await self.store.jobs.declare_limits(limits)
+            if worker.queue_limits and worker.claim_kinds is None:
+                await self.store.jobs.declare_queue_limits(worker.queue_limits)
 
         try:
             await retry_database(register, what="registering the worker", stop=worker._stopping)
@@ -309,40 +314,72 @@ class _WorkerRun:
             await wait_for_event(worker._wakeup, settings.poll_seconds)
 
     async def _claim(self, limit: int) -> list[Job]:
-        """Up to ``limit`` due jobs: first of this worker's limited kinds (within their
-        limits), then of any other kind it handles."""
+        """Up to ``limit`` due jobs: first of this worker's limited queues (each under its
+        limit), then of its limited kinds (within their limits), then of any other kind it
+        handles. A step that fails after another claimed jobs ends the claim: those run."""
         worker, settings = self.worker, self.settings
+        if worker.claim_kinds is None and time.monotonic() - self.limits_read_at >= LIMITS_REFRESH_SECONDS:
+            await self._read_limits()
         jobs: list[Job] = []
-        if worker.claim_kinds is None:
-            if time.monotonic() - self.limits_read_at >= LIMITS_REFRESH_SECONDS:
-                limited = await self.store.jobs.limited_kinds(self.known_kinds)
-                if {kind for kind, limit in self.code_limits.items() if limit != KindLimit()} - limited.keys():
-                    # a kind's row is gone (a config released it): the code's limits hold again
-                    await self.store.jobs.declare_limits(self.code_limits)
-                    limited = await self.store.jobs.limited_kinds(self.known_kinds)
-                self.limited_kinds = tuple(sorted(limited))
-                self.rated_kinds = tuple(sorted(kind for kind, rated in limited.items() if rated))
-                self.limits_read_at = time.monotonic()
-            if self.limited_kinds:
-                jobs, self.fair_cursor = await self._unless_stopping(self.store.jobs.claim_limited(
-                    settings.queues, limit, worker.id, settings.lease_seconds, self.limited_kinds,
-                    scan=max(LIMITED_SCAN, LIMITED_SCAN_PER_SLOT * limit), after_key=self.fair_cursor))
-                if len(jobs) < limit and self.rated_kinds:
-                    await self._wake_at_rate_room()
-        if len(jobs) < limit:
+        scan = max(LIMITED_SCAN, LIMITED_SCAN_PER_SLOT * limit)
+        unlimited = self._unlimited_queues()
+        steps: list[Callable[[int], Coroutine[Any, Any, list[Job]]]] = []
+        for queue in self.limited_queues:  # (each on its own, under its lock)
+            async def of_limited_queue(room: int, queue: str = queue) -> list[Job]:
+                claimed, self.fair_cursor = await self.store.jobs.claim_from_limited_queue(
+                    queue, room, worker.id, settings.lease_seconds, limited_kinds=self.limited_kinds, scan=scan,
+                    after_key=self.fair_cursor, suspects=not self.suspects_running, suspect_lost=self.suspect_lost)
+                return claimed
+            steps.append(of_limited_queue)
+        if self.limited_kinds and unlimited:
+            async def of_limited_kinds(room: int) -> list[Job]:
+                claimed, self.fair_cursor = await self.store.jobs.claim_limited(
+                    unlimited, room, worker.id, settings.lease_seconds, self.limited_kinds, scan=scan,
+                    after_key=self.fair_cursor)
+                return claimed
+            steps.append(of_limited_kinds)
+        if unlimited:
+            steps.append(lambda room: self.store.jobs.claim(
+                unlimited, room, worker.id, settings.lease_seconds, worker.claim_kinds,
+                suspects=not self.suspects_running, suspect_lost=self.suspect_lost))
+        for step in steps:
+            if len(jobs) >= limit:
+                break
             try:
-                jobs += await self._unless_stopping(
-                    self.store.jobs.claim(settings.queues, limit - len(jobs), worker.id, settings.lease_seconds,
-                                          worker.claim_kinds, suspects=not self.suspects_running,
-                                          suspect_lost=self.suspect_lost)
-                )
+                jobs += await self._unless_stopping(step(limit - len(jobs)))
             except _Stopping:
                 raise
-            except Exception as error:  # the limited claim committed: its jobs run, the rest is claimed later
+            except Exception as error:  # the steps before committed: their jobs run, the rest is claimed later
                 if not jobs:
                     raise
-                log.warning("claiming jobs: %s; running the %d claimed within their limits", error, len(jobs))
+                log.warning("claiming jobs: %s; running the %d claimed before", error, len(jobs))
+                break
+        if len(jobs) < limit and self.rated_kinds:
+            await self._wake_at_rate_room()
         return jobs
+
+    async def _read_limits(self) -> None:
+        """Which of this worker's kinds and queues have limits (any worker or config
+        declared); the code's own declared again where a config released its row."""
+        worker, jobs = self.worker, self.store.jobs
+        limited = await jobs.limited_kinds(self.known_kinds)
+        if {kind for kind, limit in self.code_limits.items() if limit != KindLimit()} - limited.keys():
+            await jobs.declare_limits(self.code_limits)
+            limited = await jobs.limited_kinds(self.known_kinds)
+        self.limited_kinds = tuple(sorted(limited))
+        self.rated_kinds = tuple(sorted(kind for kind, rated in limited.items() if rated))
+        queue_limits = await jobs.limited_queues(self.settings.queues)
+        if {queue for queue, most in worker.queue_limits.items() if most} - queue_limits.keys():
+            await jobs.declare_queue_limits(worker.queue_limits)
+            queue_limits = await jobs.limited_queues(self.settings.queues)
+        self.limited_queues = tuple(queue for queue in self.settings.queues if queue in queue_limits)
+        self.limits_read_at = time.monotonic()
+
+    def _unlimited_queues(self) -> tuple[str, ...]:
+        """This worker's queues without a concurrency limit (claimed together, as always)."""
+        if not self.limited_queues:
+            return self.settings.queues
+        return tuple(queue for queue in self.settings.queues if queue not in self.limited_queues)
 
     async def _wake_at_rate_room(self) -> None:
         """Look again when a rate limit's window next has room, if that is before the next poll

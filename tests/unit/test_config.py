@@ -254,3 +254,39 @@ def test_a_wrong_kinds_table_names_the_key_path(change: tuple[str, str], message
     with pytest.raises(ConfigError) as caught:
         load_config(KINDS.replace(old, new, 1), {})
     assert str(caught.value).startswith(message), str(caught.value)
+
+
+QUEUES = PERIODIC + """
+[queues.mail]
+concurrency = 5
+[queues.reports]
+concurrency = 1
+"""
+
+
+def test_queues_tables_declare_concurrency_limits() -> None:
+    from agora_pg.runner.assembly import build_worker_pool
+
+    config = load_config(QUEUES, {})
+    assert config.queues == {"mail": 5, "reports": 1}
+    assert build_worker_pool(config).queue_limits == config.queues
+    assert load_config(PERIODIC, {}).queues is None  # no [queues] table: the limits are left alone
+    assert load_config(PERIODIC + "[queues]\n", {}).queues == {}  # an empty one: the config declares none
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (("concurrency = 5", "concurrency = 0"), "queues.mail.concurrency: expected a whole number >= 1, got 0"),
+        (("concurrency = 5", 'concurrency = "5"'), 'queues.mail.concurrency: expected a whole number, got "5"'),
+        (("concurrency = 5", ""), "queues.mail.concurrency: missing (expected a whole number)"),
+        (("concurrency = 5", "concurrency = 5\nrate = [1, 60]"), "queues.mail.rate: unknown key"),
+        (("[queues.mail]", '[queues."mail\\u001b[2J"]'), "queues.mail\x1b[2J: expected a queue name of printable"),
+    ],
+)
+def test_a_wrong_queues_table_names_the_key_path(change: tuple[str, str], message: str) -> None:
+    old, new = change
+    assert old in QUEUES
+    with pytest.raises(ConfigError) as caught:
+        load_config(QUEUES.replace(old, new, 1), {})
+    assert str(caught.value).startswith(message), str(caught.value)
