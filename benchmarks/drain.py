@@ -1,7 +1,7 @@
 """Drain benchmark: N pre-enqueued no-op jobs, one `agora-pg worker` process.
 
     python -m benchmarks.drain [--jobs 10000] [--concurrency 10 100 500] [--database-url URL]
-                               [--limit-per-key N --keys K]
+                               [--limit-per-key N --keys K] [--queue-limit N]
 
 Creates a scratch database on the server (AGORA_PG_DATABASE_URL / DATABASE_URL
 or --database-url; the embedded server in .agora-pg otherwise), migrates it,
@@ -10,7 +10,8 @@ setting and waits until every job is done. The rate is jobs divided by the
 time from the first to the last completion recorded in agora.runs. The
 database is dropped at the end. With ``--limit-per-key N``, the jobs' kind is limited
 to N running jobs per payload key, the jobs spread over ``--keys`` keys: the cost of
-the limited claim.
+the limited claim. With ``--queue-limit N``, the jobs' queue is limited to N running
+jobs (the cost of a limited queue's claim, when N is never reached).
 """
 
 from __future__ import annotations
@@ -88,12 +89,14 @@ async def scratch_database(settings: Settings) -> AsyncIterator[tuple[Database, 
 
 
 async def drain_once(settings: Settings, jobs: int, concurrency: int, limit_per_key: int = 0,
-                     keys: int = 0) -> dict[str, float]:
+                     keys: int = 0, queue_limit: int = 0) -> dict[str, float]:
     async with scratch_database(settings) as (database, store):
         enqueue_seconds = await enqueue(store, jobs, keys if limit_per_key else 0)
         env = worker_environment(AGORA_PG_DATABASE_URL=database.url, AGORA_PG_LOG_LEVEL="WARNING")
         if limit_per_key:
             env["BENCH_LIMIT_PER_KEY"] = str(limit_per_key)
+        if queue_limit:
+            env["BENCH_QUEUE_LIMIT"] = str(queue_limit)
         started = time.perf_counter()
         process = subprocess.Popen(
             [sys.executable, "-m", "agora_pg.cli", "worker", "--module", "benchmarks.noop_worker",
@@ -138,6 +141,8 @@ async def main() -> None:
     parser.add_argument("--limit-per-key", type=int, default=0,
                         help="limit the kind to N running jobs per payload key [no limit]")
     parser.add_argument("--keys", type=int, default=50, help="keys the jobs spread over, with --limit-per-key [50]")
+    parser.add_argument("--queue-limit", type=int, default=0,
+                        help="limit the jobs' queue to N running jobs [no limit]")
     parser.add_argument("--repeats", type=int, default=1, help="drains per concurrency; prints each and the median")
     args = parser.parse_args()
     settings = load_settings(os.environ)
@@ -151,6 +156,8 @@ async def main() -> None:
         print(f"PostgreSQL {version} (synchronous_commit={sync_commit}) at {server.display_url}; {os.cpu_count()} cores")
         if args.limit_per_key:
             print(f"the kind limited to {args.limit_per_key} running per key, over {args.keys} keys")
+        if args.queue_limit:
+            print(f"the queue limited to {args.queue_limit} running jobs")
         print("| jobs | concurrency | drain jobs/s (first to last completion) | wall s (incl. start-up) "
               "| batch enqueue jobs/s | worker peak RSS MB |")
         print("|---:|---:|---:|---:|---:|---:|")
@@ -158,7 +165,7 @@ async def main() -> None:
             rates = []
             for _ in range(args.repeats):
                 result = await drain_once(settings.replace(database_url=server.url), args.jobs, concurrency,
-                                          args.limit_per_key, args.keys)
+                                          args.limit_per_key, args.keys, args.queue_limit)
                 rates.append(result["drain_per_s"])
                 print(
                     f"| {args.jobs} | {concurrency} | {result['drain_per_s']:,.0f} | {result['wall_s']:.2f} "
