@@ -15,7 +15,7 @@ import tomllib
 from collections.abc import Mapping
 from typing import Any
 
-from agora_pg.db.job_rows import KindLimit
+from agora_pg.db.job_rows import KindLimit, QueueLimit
 from agora_pg.errors import ConfigError, InvalidSchedule
 from agora_pg.schedules import Schedule
 
@@ -81,8 +81,8 @@ class WorkerConfig:
     # [kinds.NAME]: the flow control of job kinds, declared by the config worker (it wins
     # over the code's; None: the file has no [kinds] table and leaves limits alone)
     kinds: dict[str, KindLimit] | None = None
-    # [queues.NAME]: concurrency limits of queues (the same rules; None: no [queues] table)
-    queues: dict[str, int] | None = None
+    # [queues.NAME]: limits of queues (the same rules; None: no [queues] table)
+    queues: dict[str, QueueLimit] | None = None
 
 
 def load_config(text: str, env: Mapping[str, str]) -> WorkerConfig:
@@ -127,15 +127,35 @@ def load_config(text: str, env: Mapping[str, str]) -> WorkerConfig:
     return WorkerConfig(health_port, shutdown, pipelines, periodic_jobs, kinds, queues)
 
 
-def _queue_limit(table: _Table, name: str) -> int:
-    """A ``[queues.NAME]`` table: ``concurrency``, the most of the queue's jobs running at once."""
+def _queue_limit(table: _Table, name: str) -> QueueLimit:
+    """A ``[queues.NAME]`` table: ``concurrency`` and ``rate = [starts, seconds]``, checked
+    as ``handlers.queue(...)`` checks them."""
     if not name.strip() or not name.isprintable():
         raise ConfigError(table.path, "expected a queue name of printable characters")
-    concurrency: int = table.required("concurrency", int)
-    if concurrency < 1:
-        raise ConfigError(table.key("concurrency"), f"expected a whole number >= 1, got {concurrency}")
+    concurrency, rate = _concurrency(table), _rate(table)
+    if concurrency is None and rate is None:
+        raise ConfigError(table.path, "expected at least one of concurrency or rate")
     table.done()
+    return QueueLimit(concurrency, rate)
+
+
+def _concurrency(table: _Table) -> int | None:
+    concurrency: int | None = table.optional("concurrency", int)
+    if concurrency is not None and concurrency < 1:
+        raise ConfigError(table.key("concurrency"), f"expected a whole number >= 1, got {concurrency}")
     return concurrency
+
+
+def _rate(table: _Table) -> tuple[int, float] | None:
+    rate_value = table.optional("rate", list)
+    if rate_value is None:
+        return None
+    starts, seconds = rate_value if len(rate_value) == 2 else (None, None)
+    if (isinstance(starts, bool) or not isinstance(starts, int) or starts < 1 or isinstance(seconds, bool)
+            or not isinstance(seconds, int | float) or seconds <= 0):
+        raise ConfigError(table.key("rate"), f"expected [starts >= 1, seconds > 0] such as [100, 60], "
+                                             f"got {_show(rate_value)}")
+    return (starts, float(seconds))
 
 
 def _kind_limit(table: _Table, name: str) -> KindLimit:
@@ -143,18 +163,7 @@ def _kind_limit(table: _Table, name: str) -> KindLimit:
     and ``fair_by``, checked as ``handlers.kind(...)`` checks them."""
     if not name.strip() or not name.isprintable():
         raise ConfigError(table.path, "expected a job kind of printable characters")
-    concurrency = table.optional("concurrency", int)
-    if concurrency is not None and concurrency < 1:
-        raise ConfigError(table.key("concurrency"), f"expected a whole number >= 1, got {concurrency}")
-    rate_value = table.optional("rate", list)
-    rate = None
-    if rate_value is not None:
-        starts, seconds = rate_value if len(rate_value) == 2 else (None, None)
-        if (isinstance(starts, bool) or not isinstance(starts, int) or starts < 1 or isinstance(seconds, bool)
-                or not isinstance(seconds, int | float) or seconds <= 0):
-            raise ConfigError(table.key("rate"), f"expected [starts >= 1, seconds > 0] such as [100, 60], "
-                                                 f"got {_show(rate_value)}")
-        rate = (starts, float(seconds))
+    concurrency, rate = _concurrency(table), _rate(table)
     fields = {}
     for field in ("limit_by", "fair_by"):
         value = table.optional(field, str)

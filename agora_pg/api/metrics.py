@@ -78,8 +78,16 @@ def render_metrics(snapshot: MetricsSnapshot, process: Collector | None = None) 
     }
     queue_limit = Gauge("agora_queue_limit", "A limited queue's concurrency limit (its running jobs: "
                         "agora_jobs{status=\"processing\"}).", ["queue"], registry=registry)
-    for queue, concurrency in snapshot.queue_limits.items():
-        queue_limit.labels(queue=label_value(queue)).set(concurrency)
+    queue_rate = Gauge("agora_queue_limit_rate", "A limited queue's rate limit: starts in any window.", ["queue"],
+                       registry=registry)
+    queue_rate_seconds = Gauge("agora_queue_limit_rate_seconds", "The window of a queue's rate limit, in seconds.",
+                               ["queue"], registry=registry)
+    for queue, queue_limits in snapshot.queue_limits.items():
+        if queue_limits.concurrency is not None:
+            queue_limit.labels(queue=label_value(queue)).set(queue_limits.concurrency)
+        if queue_limits.rate is not None:
+            queue_rate.labels(queue=label_value(queue)).set(queue_limits.rate[0])
+            queue_rate_seconds.labels(queue=label_value(queue)).set(queue_limits.rate[1])
     for limit in snapshot.kind_limits:
         for name, gauge in limits.items():
             if getattr(limit, name) is not None:  # (a limit not set has no sample)

@@ -88,6 +88,16 @@ class Promotion:
 
 
 @dataclasses.dataclass(frozen=True)
+class QueueLimit:
+    """A queue's limits as a worker or config declares them (``agora.queue_limits``): at
+    most ``concurrency`` of its jobs running and ``rate`` = (n, seconds) starts per window,
+    of every kind together. Both None: none."""
+
+    concurrency: int | None = None
+    rate: tuple[int, float] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class KindLimit:
     """A kind's flow control as a worker declares it (``agora.kind_limits``): at most
     ``concurrency`` running and ``rate`` = (n, seconds) starts per window, per value of

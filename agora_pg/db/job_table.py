@@ -12,7 +12,7 @@ import asyncpg.pool
 
 from agora_pg.db import queries
 from agora_pg.db.enqueue import CallerConnection, caller_fetch, insert_jobs
-from agora_pg.db.job_rows import JobFinish, KindLimit, Promotion, row_to_job
+from agora_pg.db.job_rows import JobFinish, KindLimit, Promotion, QueueLimit, row_to_job
 from agora_pg.errors import (
     InvalidTransition,
     JobConflict,
@@ -124,18 +124,23 @@ class JobTable:
         self, queue: str, limit: int, worker_id: str, lease_seconds: float, *, limited_kinds: Sequence[str] = (),
         scan: int = 100, after_key: str | None = None, suspects: bool = True, suspect_lost: int = 1,
     ) -> tuple[list[Job], str | None]:
-        """Claim up to ``limit`` due jobs of ``queue``, which has a concurrency limit: at
-        most its limit less its running jobs, counted under a lock of its limit's row that
-        makes the queue's claims take turns (``queries.LOCK_QUEUE_LIMIT``); jobs of
-        ``limited_kinds`` first, within their own limits (as ``claim_limited``). Returns the
-        jobs and the last key of fair share served. A queue whose limit is gone is claimed
-        as any other."""
+        """Claim up to ``limit`` due jobs of ``queue``, which has limits: at most its
+        concurrency less its running jobs and its rate less its starts in the window,
+        counted under a lock of its limits' row that makes the queue's claims take turns
+        (``queries.LOCK_QUEUE_LIMIT``); jobs of ``limited_kinds`` first, within their own
+        limits (as ``claim_limited``). Returns the jobs and the last key of fair share
+        served. A queue whose limits are gone is claimed as any other."""
         lease = float(lease_seconds)
         jobs: list[Job] = []
         async with self._store.connection() as connection, connection.transaction():
-            concurrency = await connection.fetchval(queries.LOCK_QUEUE_LIMIT, queue)
-            room = limit if concurrency is None else min(
-                limit, concurrency - await connection.fetchval(queries.RUNNING_IN_QUEUE, queue))
+            limits = await connection.fetchrow(queries.LOCK_QUEUE_LIMIT, queue)
+            room = limit
+            if limits is not None:
+                counted = await connection.fetchrow(queries.QUEUE_ROOM, queue, limits["rate_seconds"])
+                if limits["concurrency"] is not None:
+                    room = min(room, limits["concurrency"] - counted["running"])
+                if limits["rate"] is not None:
+                    room = min(room, limits["rate"] - counted["started"])
             if room > 0 and limited_kinds:
                 rows = await connection.fetch(queries.CLAIM_LIMITED_JOBS, [queue], list(limited_kinds), scan, room,
                                               worker_id, lease, after_key)
@@ -145,23 +150,29 @@ class JobTable:
             if room > len(jobs):
                 jobs += _in_claim_order(await connection.fetch(
                     queries.CLAIM_JOBS, queue, room - len(jobs), worker_id, lease, suspects, suspect_lost))
+            if jobs and limits is not None and limits["rate"] is not None:
+                await connection.execute(queries.RECORD_QUEUE_STARTS, queue, len(jobs), limits["rate_seconds"])
         return jobs, after_key
 
-    async def declare_queue_limits(self, limits: Mapping[str, int | None], *, config: bool = False) -> list[str]:
-        """Write the concurrency limits of these queues (None: the queue's row is removed),
+    async def declare_queue_limits(self, limits: Mapping[str, QueueLimit], *, config: bool = False) -> list[str]:
+        """Write the limits of these queues (``QueueLimit()``: the queue's row is removed),
         as ``declare_limits`` does for kinds; returns the config-declared queues released."""
         queues = sorted(limits)
+        rates = [limits[q].rate for q in queues]
         async with self._store.connection() as connection, connection.transaction():
-            await connection.execute(queries.DECLARE_QUEUE_LIMITS, queues, [limits[q] for q in queues],
-                                     "config" if config else "code")
+            await connection.execute(
+                queries.DECLARE_QUEUE_LIMITS, queues, [limits[q].concurrency for q in queues],
+                [rate[0] if rate else None for rate in rates], [float(rate[1]) if rate else None for rate in rates],
+                "config" if config else "code")
             if not config:
                 return []
             rows = await connection.fetch(queries.RELEASE_CONFIG_QUEUE_LIMITS, queues)
         return sorted(row["queue"] for row in rows)
 
-    async def limited_queues(self, queues: Sequence[str]) -> dict[str, int]:
-        """Those of ``queues`` that have a concurrency limit, and their limits."""
-        return {row["queue"]: row["concurrency"] for row in await self._store.fetch(queries.LIMITED_QUEUES, list(queues))}
+    async def limited_queues(self, queues: Sequence[str] | None) -> dict[str, QueueLimit]:
+        """Those of ``queues`` (None: every queue) that have limits, and their limits."""
+        rows = await self._store.fetch(queries.LIMITED_QUEUES, None if queues is None else list(queues))
+        return {row["queue"]: queue_limit_of(row) for row in rows}
 
     async def declare_limits(self, limits: Mapping[str, KindLimit], *, config: bool = False) -> list[str]:
         """Write the flow control of these kinds (a kind with none has its row removed), and
@@ -184,10 +195,10 @@ class JobTable:
             await connection.execute(queries.KEY_WAITING_JOBS, kinds)
         return sorted(released)
 
-    async def next_rate_room(self, kinds: Sequence[str]) -> float | None:
-        """Seconds until a start counted by the rate limits of ``kinds`` leaves its window
-        (None: none is counted)."""
-        rows = await self._store.fetch(queries.NEXT_RATE_ROOM, list(kinds))
+    async def next_rate_room(self, kinds: Sequence[str], queues: Sequence[str] = ()) -> float | None:
+        """Seconds until a start counted by the rate limits of ``kinds`` or ``queues``
+        leaves its window (None: none is counted)."""
+        rows = await self._store.fetch(queries.NEXT_RATE_ROOM, list(kinds), list(queues))
         return cast("float | None", rows[0][0])
 
     async def limited_kinds(self, kinds: Sequence[str]) -> dict[str, bool]:
@@ -295,3 +306,9 @@ def require_possible_job_id(job_id: int) -> None:
     """``JobNotFound`` for an id no job can have (not a bigint): no statement is sent."""
     if not possible_job_id(job_id):
         raise JobNotFound(job_id)
+
+
+def queue_limit_of(row: Mapping[str, Any]) -> QueueLimit:
+    """The limits of a row of ``agora.queue_limits``."""
+    rate = None if row["rate"] is None else (row["rate"], row["rate_seconds"])
+    return QueueLimit(row["concurrency"], rate)

@@ -294,23 +294,26 @@ DELETE FROM agora.kind_limits WHERE declared_in = 'config' AND NOT kind = ANY($1
 
 # -- limited queues ------------------------------------------------------------
 
-# Declare the concurrency limits of queues $1 (text[]; $2 int[], NULL: none) where $3
-# says ('code': a worker, for the queues it claims; 'config': an agora/v1 [queues] table),
-# with DECLARE_KIND_LIMITS's rules: a queue with none has its row deleted, a code
-# declaration leaves a config row alone.
+# Declare the limits of queues $1 (text[]; $2 concurrency int[], $3 rate int[], $4
+# rate_seconds float8[]; NULL: none) where $5 says ('code': a worker, for the queues it
+# claims; 'config': an agora/v1 [queues] table), with DECLARE_KIND_LIMITS's rules: a
+# queue with none has its row deleted, a code declaration leaves a config row alone.
 DECLARE_QUEUE_LIMITS = """
 WITH declared AS (
-    SELECT * FROM unnest($1::text[], $2::int[]) AS d(queue, concurrency)
+    SELECT * FROM unnest($1::text[], $2::int[], $3::int[], $4::float8[]) AS d(queue, concurrency, rate, rate_seconds)
 ), removed AS (
     DELETE FROM agora.queue_limits AS l USING declared AS d
-    WHERE l.queue = d.queue AND d.concurrency IS NULL AND (l.declared_in = 'code' OR $3::text = 'config')
+    WHERE l.queue = d.queue AND d.concurrency IS NULL AND d.rate IS NULL
+      AND (l.declared_in = 'code' OR $5::text = 'config')
 )
-INSERT INTO agora.queue_limits AS l (queue, concurrency, declared_in)
-SELECT queue, concurrency, $3::text FROM declared WHERE concurrency IS NOT NULL
-ON CONFLICT (queue) DO UPDATE SET concurrency = EXCLUDED.concurrency, declared_in = EXCLUDED.declared_in,
-    updated_at = now()
+INSERT INTO agora.queue_limits AS l (queue, concurrency, rate, rate_seconds, declared_in)
+SELECT queue, concurrency, rate, rate_seconds, $5::text FROM declared
+WHERE concurrency IS NOT NULL OR rate IS NOT NULL
+ON CONFLICT (queue) DO UPDATE SET concurrency = EXCLUDED.concurrency, rate = EXCLUDED.rate,
+    rate_seconds = EXCLUDED.rate_seconds, declared_in = EXCLUDED.declared_in, updated_at = now()
     WHERE (l.declared_in = 'code' OR EXCLUDED.declared_in = 'config')
-      AND (l.concurrency, l.declared_in) IS DISTINCT FROM (EXCLUDED.concurrency, EXCLUDED.declared_in)
+      AND (l.concurrency, l.rate, l.rate_seconds, l.declared_in)
+          IS DISTINCT FROM (EXCLUDED.concurrency, EXCLUDED.rate, EXCLUDED.rate_seconds, EXCLUDED.declared_in)
 """
 
 # A config's [queues] table no longer lists these config-declared queues ($1: those it lists).
@@ -319,16 +322,32 @@ DELETE FROM agora.queue_limits WHERE declared_in = 'config' AND NOT queue = ANY(
 """
 
 # The limited queues among $1 (text[]; NULL: every one) and their limits.
-LIMITED_QUEUES = ("SELECT queue, concurrency FROM agora.queue_limits WHERE $1::text[] IS NULL OR queue = ANY($1::text[]) "
-                  "ORDER BY queue")
+LIMITED_QUEUES = ("SELECT queue, concurrency, rate, rate_seconds FROM agora.queue_limits "
+                  "WHERE $1::text[] IS NULL OR queue = ANY($1::text[]) ORDER BY queue")
 
-# A claim of limited queue $1 is a transaction: LOCK_QUEUE_LIMIT reads its limit and locks
-# its row until the claim commits (the queue's claims take turns); RUNNING_IN_QUEUE, a
+# A claim of limited queue $1 is a transaction: LOCK_QUEUE_LIMIT reads its limits and
+# locks its row until the claim commits (the queue's claims take turns); QUEUE_ROOM, a
 # statement of its own whose snapshot is taken once the lock is held, counts its running
-# jobs; the claims of its limited kinds and of the others (CLAIM_JOBS) take at most the
-# difference.
-LOCK_QUEUE_LIMIT = "SELECT concurrency FROM agora.queue_limits WHERE queue = $1 FOR UPDATE"
-RUNNING_IN_QUEUE = "SELECT count(*) FROM agora.jobs WHERE status = 'processing' AND queue = $1"
+# jobs and its starts in the window of $2 seconds (NULL: no rate limit, none counted);
+# the claims of its limited kinds and of the others (CLAIM_JOBS) take at most what is
+# left, and RECORD_QUEUE_STARTS counts $2 starts at the transaction's time, which is the
+# claimed jobs' started_at (so that any window of their started_at holds at most the
+# rate: the latest claim in it counted every earlier one). Starts are deleted a minute
+# after their window, so that a claim whose transaction began earlier but got the lock
+# later still counts them.
+LOCK_QUEUE_LIMIT = "SELECT concurrency, rate, rate_seconds FROM agora.queue_limits WHERE queue = $1 FOR UPDATE"
+QUEUE_ROOM = """
+SELECT (SELECT count(*) FROM agora.jobs WHERE status = 'processing' AND queue = $1)::int AS running,
+       (SELECT count(*) FROM agora.queue_starts
+        WHERE queue = $1 AND started_at > now() - make_interval(secs => $2::float8))::int AS started
+"""
+RECORD_QUEUE_STARTS = """
+WITH old AS (
+    DELETE FROM agora.queue_starts
+    WHERE queue = $1 AND started_at < now() - make_interval(secs => $3::float8) - interval '1 minute'
+)
+INSERT INTO agora.queue_starts (queue, started_at) SELECT $1, now() FROM generate_series(1, $2::int)
+"""
 
 # Give the waiting jobs of kinds $1 (text[]) the fair_key their kind's declaration asks
 # for (jobs inserted before it was declared, or under another key field). Rows are locked
@@ -346,12 +365,20 @@ WITH keyed AS (
 UPDATE agora.jobs AS j SET fair_key = keyed.fair_key FROM keyed WHERE j.id = keyed.id
 """
 
-# Seconds until the earliest start counted by the rate limits of kinds $1 (text[]) leaves
-# its window, when some key may start a job again (NULL: no start is counted).
+# Seconds until the earliest start counted by the rate limits of kinds $1 (text[]) or of
+# queues $2 (text[]) leaves its window, when some key or queue may start a job again
+# (NULL: no start is counted).
 NEXT_RATE_ROOM = """
-SELECT min(extract(epoch FROM s.started_at + make_interval(secs => l.rate_seconds) - now()))::float8
-FROM agora.kind_starts AS s JOIN agora.kind_limits AS l ON l.kind = s.kind
-WHERE s.kind = ANY($1::text[]) AND s.started_at > now() - make_interval(secs => l.rate_seconds)
+SELECT min(leaves_in)::float8 FROM (
+    SELECT extract(epoch FROM s.started_at + make_interval(secs => l.rate_seconds) - now()) AS leaves_in
+    FROM agora.kind_starts AS s JOIN agora.kind_limits AS l ON l.kind = s.kind
+    WHERE s.kind = ANY($1::text[]) AND s.started_at > now() - make_interval(secs => l.rate_seconds)
+    UNION ALL
+    SELECT extract(epoch FROM s.started_at + make_interval(secs => l.rate_seconds) - now())
+    FROM agora.queue_starts AS s JOIN agora.queue_limits AS l ON l.queue = s.queue
+    WHERE s.queue = ANY($2::text[]) AND l.rate IS NOT NULL
+      AND s.started_at > now() - make_interval(secs => l.rate_seconds)
+) AS starts
 """
 
 # The limited kinds among $1 (text[]), and whether each has a rate limit.
@@ -1040,11 +1067,12 @@ SELECT state, count(*) AS schedules,
 FROM agora.schedules GROUP BY state
 """
 
-# Each limited kind (agora.kind_limits): its limits, its running jobs, how many of its keys
-# are at a limit (no room to start one more: agora.limit_room), and how many of its jobs
-# are due and waiting (for /metrics and the dashboard).
+# Each limited queue (agora.queue_limits): its limits, its starts in the rate window, its
+# running and its waiting jobs (for /metrics and the dashboard).
 QUEUE_LIMITS_NOW = """
-SELECT l.queue, l.concurrency, l.declared_in,
+SELECT l.queue, l.concurrency, l.rate, l.rate_seconds, l.declared_in,
+       (SELECT count(*) FROM agora.queue_starts AS s
+        WHERE s.queue = l.queue AND s.started_at > now() - make_interval(secs => l.rate_seconds))::int AS started,
        COALESCE((SELECT sum(jobs) FROM agora.queue_now AS q WHERE q.queue = l.queue AND q.state = 'processing'), 0)
            ::int AS running,
        COALESCE((SELECT sum(jobs) FROM agora.queue_now AS q WHERE q.queue = l.queue AND q.state <> 'processing'), 0)
@@ -1052,6 +1080,9 @@ SELECT l.queue, l.concurrency, l.declared_in,
 FROM agora.queue_limits AS l ORDER BY l.queue
 """
 
+# Each limited kind (agora.kind_limits): its limits, its running jobs, how many of its keys
+# are at a limit (no room to start one more: agora.limit_room), and how many of its jobs
+# are due and waiting (for /metrics and the dashboard).
 KIND_LIMITS_NOW = f"""
 SELECT l.kind, l.concurrency, l.limit_by, l.rate, l.rate_seconds, l.fair_by,
        (SELECT count(*) FROM agora.jobs AS j WHERE j.status = 'processing' AND j.kind = l.kind)::int AS running,

@@ -8,6 +8,8 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
+from agora_pg.db.job_rows import QueueLimit
+
 
 @dataclasses.dataclass(frozen=True)
 class RunRow:
@@ -48,7 +50,7 @@ class MetricsSnapshot:
     schedules_in_backoff: int
     kind_limits: list[KindLimitNow] = dataclasses.field(default_factory=list)
     tallies: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # agora.process_tallies' snapshots
-    queue_limits: dict[str, int] = dataclasses.field(default_factory=dict)  # queue -> its concurrency limit
+    queue_limits: dict[str, QueueLimit] = dataclasses.field(default_factory=dict)  # queue -> its limits
 
 
 @dataclasses.dataclass(frozen=True)

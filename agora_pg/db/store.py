@@ -36,7 +36,7 @@ from agora_pg.db.connections import (
     ListenConnection,
     is_transient,
 )
-from agora_pg.db.job_table import JobTable
+from agora_pg.db.job_table import JobTable, queue_limit_of
 from agora_pg.db.run_rows import KindLimitNow, MetricsSnapshot, oldest_due_by_queue
 from agora_pg.db.run_table import RunTable
 from agora_pg.db.schedule_table import ScheduleTable
@@ -228,7 +228,7 @@ class Store:
             schedules_in_backoff=sum(row["in_backoff"] for row in schedules),
             kind_limits=[KindLimitNow(**dict(row.items())) for row in limits],
             tallies=[json.loads(row["tallies"]) for row in tallies],
-            queue_limits={row["queue"]: row["concurrency"] for row in queue_limits},
+            queue_limits={row["queue"]: queue_limit_of(row) for row in queue_limits},
         )
 
     async def event_times(self, max_lag_seconds: float) -> tuple[datetime, datetime]:

@@ -254,14 +254,32 @@ queue_limits = Table(
     "queue_limits",
     metadata,
     Column("queue", Text, primary_key=True, comment="The limited queue."),
-    Column("concurrency", Integer, nullable=False,
-           comment="At most this many of the queue's jobs run at once, across every worker."),
+    Column("concurrency", Integer, nullable=True,
+           comment="At most this many of the queue's jobs run at once, across every worker; NULL: no "
+                   "concurrency limit."),
+    Column("rate", Integer, nullable=True,
+           comment="At most this many of the queue's jobs start in any rate_seconds; NULL: no rate limit."),
+    Column("rate_seconds", Float, nullable=True, comment="The window of the rate limit, in seconds."),
     Column("declared_in", Text, nullable=False, server_default=text("'code'"),
            comment="Where the limit was declared: 'code' (handlers.queue) or 'config' (an agora/v1 "
                    "[queues.NAME] table, which a code declaration leaves alone)."),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=text("now()"),
            comment="When the limit was last declared differently."),
     CheckConstraint("concurrency >= 1", name="queue_limits_concurrency_positive"),
+    CheckConstraint("(rate IS NULL) = (rate_seconds IS NULL) AND (rate IS NULL OR (rate > 0 AND rate_seconds > 0))",
+                    name="queue_limits_rate_positive"),
+    CheckConstraint("concurrency IS NOT NULL OR rate IS NOT NULL", name="queue_limits_some_limit"),
     CheckConstraint("declared_in IN ('code', 'config')", name="queue_limits_declared_in_known"),
-    comment="Concurrency limits of queues, declared by the workers that claim them or by an agora/v1 config.",
+    comment="Concurrency and rate limits of queues, declared by the workers that claim them or by an agora/v1 "
+            "config.",
 )
+
+queue_starts = Table(
+    "queue_starts",
+    metadata,
+    Column("queue", Text, nullable=False, comment="The rate-limited queue."),
+    Column("started_at", DateTime(timezone=True), nullable=False,
+           comment="When the claim started the job (the database's clock once the queue's lock was held)."),
+    comment="Starts of rate-limited queues' jobs within their window (older ones are deleted by the claims).",
+)
+Index("queue_starts_queue_idx", queue_starts.c.queue, queue_starts.c.started_at)

@@ -19,7 +19,7 @@ from typing import Any
 
 from agora_pg.db import queries
 from agora_pg.db.connect import resolve_database
-from agora_pg.db.job_rows import KindLimit
+from agora_pg.db.job_rows import KindLimit, QueueLimit
 from agora_pg.db.store import Store
 from agora_pg.errors import AgoraError, DatabaseUnavailable, HandlerThreadStuck
 from agora_pg.lifecycle import shutdown_signals, wait_tasks_or_event
@@ -104,7 +104,7 @@ class WorkerPool:
         self._error_details = False
         # an agora/v1 config's [kinds] tables: declared at start, over the code's (None: left alone)
         self.kind_limits: dict[str, KindLimit] | None = None
-        self.queue_limits: dict[str, int] | None = None  # and its [queues] tables, alike
+        self.queue_limits: dict[str, QueueLimit] | None = None  # and its [queues] tables, alike
 
     def register(self, item: ScheduledPipeline | PeriodicJob | Worker) -> WorkerPool:
         """Add a ScheduledPipeline, a PeriodicJob or the job Worker; returns self for chaining."""
@@ -180,8 +180,7 @@ class WorkerPool:
 
         async def declare() -> tuple[list[str], list[str]]:
             kinds_released = [] if limits is None else await store.jobs.declare_limits(limits, config=True)
-            queues_released = [] if queues is None else await store.jobs.declare_queue_limits(
-                dict[str, int | None](queues), config=True)
+            queues_released = [] if queues is None else await store.jobs.declare_queue_limits(queues, config=True)
             return kinds_released, queues_released
 
         try:

@@ -7,6 +7,7 @@ import inspect
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
+from agora_pg.db.job_rows import QueueLimit
 from agora_pg.errors import AgoraError
 from agora_pg.job_spec import JobSpec
 from agora_pg.jobs import Job
@@ -22,6 +23,14 @@ class UnknownJobKind(AgoraError):
         listed = ", ".join(sorted(known)) or "none"
         super().__init__(f"no handler registered for kind {kind!r} (this worker handles: {listed})")
         self.kind = kind
+
+
+def check_rate(rate: object, what: str) -> None:
+    """Refuse a rate limit that is not ``(starts >= 1, seconds > 0)``."""
+    if not (isinstance(rate, tuple) and len(rate) == 2 and isinstance(rate[0], int)
+            and not isinstance(rate[0], bool) and rate[0] >= 1 and isinstance(rate[1], int | float)
+            and not isinstance(rate[1], bool) and rate[1] > 0):
+        raise ValueError(f"{what} must be (starts >= 1, seconds > 0), such as (100, 60), got {rate!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,11 +90,7 @@ class KindOptions:
         if self.fair_by is not None and (not isinstance(self.fair_by, str) or not self.fair_by.strip()):
             raise ValueError(f"fair_by must be the name of a payload field, got {self.fair_by!r}")
         if self.rate is not None:
-            rate = self.rate
-            if not (isinstance(rate, tuple) and len(rate) == 2 and isinstance(rate[0], int)
-                    and not isinstance(rate[0], bool) and rate[0] >= 1 and isinstance(rate[1], int | float)
-                    and not isinstance(rate[1], bool) and rate[1] > 0):
-                raise ValueError(f"rate must be (starts >= 1, seconds > 0), such as (100, 60), got {rate!r}")
+            check_rate(self.rate, "rate")
 
     def apply(self, spec: JobSpec) -> JobSpec:
         """``spec`` as this kind enqueues it: its payload checked against ``payload`` (as
@@ -135,7 +140,7 @@ class Handlers(Mapping[str, Handler]):
     def __init__(self, handlers: Mapping[str, Handler] | None = None) -> None:
         self._handlers: dict[str, Handler] = dict(handlers or {})
         self._options: dict[str, KindOptions] = {}
-        self._queue_limits: dict[str, int | None] = {}
+        self._queue_limits: dict[str, QueueLimit] = {}
 
     def kind(
         self, name: str, *, timeout: float | None = None, non_retryable: tuple[type[BaseException], ...] = (),
@@ -172,19 +177,24 @@ class Handlers(Mapping[str, Handler]):
         self._handlers[name] = handler
         self._options[name] = options
 
-    def queue(self, name: str, *, concurrency: int | None) -> None:
-        """Limit queue ``name`` to ``concurrency`` running jobs at once across every worker
-        (of every kind; None: remove the limit). A worker with this table declares it when
-        it starts; an agora/v1 config's ``[queues.NAME]`` wins over it."""
+    def queue(self, name: str, *, concurrency: int | None = None, rate: tuple[int, float] | None = None) -> None:
+        """Limit queue ``name``, across every worker and of every kind together: at most
+        ``concurrency`` of its jobs running at once, at most ``rate`` = ``(n, seconds)`` of
+        them starting in any ``seconds`` (the database's clock). Neither: its limits are
+        removed. A worker with this table declares them when it starts; an agora/v1
+        config's ``[queues.NAME]`` wins over it."""
         if not isinstance(name, str) or not name.strip() or not name.isprintable():
             raise ValueError(f"a queue must be a non-empty string of printable characters, got {name!r}")
         if concurrency is not None and (isinstance(concurrency, bool) or not isinstance(concurrency, int)
                                         or concurrency < 1):
             raise ValueError(f"the concurrency of queue {name!r} must be a whole number >= 1, got {concurrency!r}")
-        self._queue_limits[name] = concurrency
+        if rate is not None:
+            check_rate(rate, f"the rate of queue {name!r}")
+            rate = (rate[0], float(rate[1]))
+        self._queue_limits[name] = QueueLimit(concurrency, rate)
 
-    def queue_limits(self) -> dict[str, int | None]:
-        """The queues' limits declared with ``queue`` (None: to be removed)."""
+    def queue_limits(self) -> dict[str, QueueLimit]:
+        """The queues' limits declared with ``queue`` (``QueueLimit()``: to be removed)."""
         return dict(self._queue_limits)
 
     def options(self, kind: str) -> KindOptions:

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from agora_pg.db import queries
 from agora_pg.db.connect import resolve_database
-from agora_pg.db.job_rows import KindLimit
+from agora_pg.db.job_rows import KindLimit, QueueLimit
 from agora_pg.db.store import NOTIFY_CHANNEL, Store
 from agora_pg.errors import DatabaseUnavailable, HandlerThreadStuck
 from agora_pg.jobs import Job
@@ -214,7 +214,8 @@ class _WorkerRun:
         self.limits_read_at = -LIMITS_REFRESH_SECONDS
         self.rate_wake: asyncio.TimerHandle | None = None  # wakes the claim loop when a rate window has room
         self.fair_cursor: str | None = None  # the last key of fair share served: the next claim starts after it
-        self.limited_queues: tuple[str, ...] = ()  # of its queues, those with a concurrency limit
+        self.limited_queues: tuple[str, ...] = ()  # of its queues, those with limits
+        self.rated_queues: tuple[str, ...] = ()  # and of those, the ones with a rate limit
         # the flow control its handlers declare (every kind it handles: one without any has its row removed)
         self.code_limits = ({kind: KindLimit(options.concurrency, options.limit_by, options.rate, options.fair_by)
                              for kind, options in worker.kind_options.items()} if worker.claim_kinds is None else {})
@@ -354,7 +355,7 @@ class _WorkerRun:
                     raise
                 log.warning("claiming jobs: %s; running the %d claimed before", error, len(jobs))
                 break
-        if len(jobs) < limit and self.rated_kinds:
+        if len(jobs) < limit and (self.rated_kinds or self.rated_queues):
             await self._wake_at_rate_room()
         return jobs
 
@@ -369,14 +370,15 @@ class _WorkerRun:
         self.limited_kinds = tuple(sorted(limited))
         self.rated_kinds = tuple(sorted(kind for kind, rated in limited.items() if rated))
         queue_limits = await jobs.limited_queues(self.settings.queues)
-        if {queue for queue, most in worker.queue_limits.items() if most} - queue_limits.keys():
+        if {queue for queue, limits in worker.queue_limits.items() if limits != QueueLimit()} - queue_limits.keys():
             await jobs.declare_queue_limits(worker.queue_limits)
             queue_limits = await jobs.limited_queues(self.settings.queues)
         self.limited_queues = tuple(queue for queue in self.settings.queues if queue in queue_limits)
+        self.rated_queues = tuple(queue for queue in self.limited_queues if queue_limits[queue].rate)
         self.limits_read_at = time.monotonic()
 
     def _unlimited_queues(self) -> tuple[str, ...]:
-        """This worker's queues without a concurrency limit (claimed together, as always)."""
+        """This worker's queues without limits (claimed together, as always)."""
         if not self.limited_queues:
             return self.settings.queues
         return tuple(queue for queue in self.settings.queues if queue not in self.limited_queues)
@@ -384,7 +386,7 @@ class _WorkerRun:
     async def _wake_at_rate_room(self) -> None:
         """Look again when a rate limit's window next has room, if that is before the next poll
         (a job held back by a rate limit starts when its window opens, not a poll later)."""
-        room_in = await self.store.jobs.next_rate_room(self.rated_kinds)
+        room_in = await self.store.jobs.next_rate_room(self.rated_kinds, self.rated_queues)
         if self.rate_wake is not None:
             self.rate_wake.cancel()
             self.rate_wake = None

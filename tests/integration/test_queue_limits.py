@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from agora_pg import JobSpec, Queue, Worker
-from agora_pg.db.job_rows import KindLimit
+from agora_pg.db.job_rows import KindLimit, QueueLimit
 from agora_pg.db.store import Store
 from agora_pg.settings import Settings
 from agora_pg.worker.handlers import Handlers
@@ -16,7 +16,7 @@ from .helpers import running, wait_until
 from .test_api import api_client
 
 
-async def _queue_limits(store: Store) -> dict[str, tuple[int, str]]:
+async def _queue_limits(store: Store) -> dict[str, tuple[int | None, str]]:
     async with store.connection() as connection:
         rows = await connection.fetch("SELECT queue, concurrency, declared_in FROM agora.queue_limits")
     return {row["queue"]: (row["concurrency"], row["declared_in"]) for row in rows}
@@ -36,35 +36,43 @@ async def _claimed(store: Store, queue: str, limit: int, worker: str, **options:
 def test_handlers_queue_checks_its_limit() -> None:
     handlers = Handlers()
     handlers.queue("mail", concurrency=3)
-    handlers.queue("old", concurrency=None)
-    assert handlers.queue_limits() == {"mail": 3, "old": None}
+    handlers.queue("sms", rate=(10, 1))
+    handlers.queue("old")
+    assert handlers.queue_limits() == {"mail": QueueLimit(3), "sms": QueueLimit(None, (10, 1.0)),
+                                       "old": QueueLimit()}
     for bad in (0, -1, 1.5, True, "2"):
         with pytest.raises(ValueError, match="concurrency of queue 'mail' must be a whole number >= 1"):
             handlers.queue("mail", concurrency=bad)  # type: ignore[arg-type]
+    for rate in ((0, 60), (1, 0), "10/s", (1, 2, 3)):
+        with pytest.raises(ValueError, match=r"the rate of queue 'mail' must be \(starts >= 1, seconds > 0\)"):
+            handlers.queue("mail", rate=rate)  # type: ignore[arg-type]
     for name in ("", " ", "mail\x1b[2J"):
         with pytest.raises(ValueError, match="a queue must be a non-empty string of printable characters"):
             handlers.queue(name, concurrency=1)
 
 
 async def test_declared_queue_limits_are_written_changed_removed_and_the_config_wins(store: Store) -> None:
-    await store.jobs.declare_queue_limits({"mail": 3, "reports": 1, "plain": None})
-    assert await _queue_limits(store) == {"mail": (3, "code"), "reports": (1, "code")}
-    assert await store.jobs.limited_queues(["mail", "default"]) == {"mail": 3}
-    await store.jobs.declare_queue_limits({"mail": 5, "reports": None})
-    assert await _queue_limits(store) == {"mail": (5, "code")}
+    await store.jobs.declare_queue_limits({"mail": QueueLimit(3), "reports": QueueLimit(1), "plain": QueueLimit(),
+                                           "sms": QueueLimit(None, (10, 1.0))})
+    assert await _queue_limits(store) == {"mail": (3, "code"), "reports": (1, "code"), "sms": (None, "code")}
+    assert await store.jobs.limited_queues(["mail", "sms", "default"]) == {
+        "mail": QueueLimit(3), "sms": QueueLimit(None, (10, 1.0))}
+    await store.jobs.declare_queue_limits({"mail": QueueLimit(5, (100, 60)), "reports": QueueLimit(),
+                                           "sms": QueueLimit()})
+    assert await store.jobs.limited_queues(None) == {"mail": QueueLimit(5, (100, 60.0))}
     # a config's declaration wins; a worker's, with a limit or without, leaves it alone
-    assert await store.jobs.declare_queue_limits({"mail": 1, "reports": 2}, config=True) == []
-    await store.jobs.declare_queue_limits({"mail": 5, "reports": None})
+    assert await store.jobs.declare_queue_limits({"mail": QueueLimit(1), "reports": QueueLimit(2)}, config=True) == []
+    await store.jobs.declare_queue_limits({"mail": QueueLimit(5), "reports": QueueLimit()})
     assert await _queue_limits(store) == {"mail": (1, "config"), "reports": (2, "config")}
     # a config that no longer lists a queue releases it (the code's limit comes back with its worker)
-    assert await store.jobs.declare_queue_limits({"mail": 1}, config=True) == ["reports"]
+    assert await store.jobs.declare_queue_limits({"mail": QueueLimit(1)}, config=True) == ["reports"]
     assert await _queue_limits(store) == {"mail": (1, "config")}
 
 
 async def test_a_queue_limit_counts_every_kind_and_frees_a_slot_with_the_outcome_or_the_rescue(
     queue: Queue, store: Store
 ) -> None:
-    await store.jobs.declare_queue_limits({"mail": 3})
+    await store.jobs.declare_queue_limits({"mail": QueueLimit(3)})
     await queue.enqueue_many([JobSpec(kind, {"i": i}, queue="mail") for i in range(4) for kind in ("a", "b")])
     first = await _claimed(store, "mail", 10, "w")
     assert len(first) == 3 and await _running_in(store, "mail") == 3
@@ -78,12 +86,12 @@ async def test_a_queue_limit_counts_every_kind_and_frees_a_slot_with_the_outcome
     assert await store.jobs.rescue_expired(5, 3, 100, lease_seconds=30) == [first[1]]
     assert len(await _claimed(store, "mail", 10, "w2")) == 1
     # a queue whose limit is gone is claimed as any other
-    await store.jobs.declare_queue_limits({"mail": None})
+    await store.jobs.declare_queue_limits({"mail": QueueLimit()})
     assert len(await _claimed(store, "mail", 10, "w2")) == 8 - 1 - 3  # all but the done and the running
 
 
 async def test_a_queue_limit_and_a_kind_limit_both_hold(queue: Queue, store: Store) -> None:
-    await store.jobs.declare_queue_limits({"mail": 4})
+    await store.jobs.declare_queue_limits({"mail": QueueLimit(4)})
     await store.jobs.declare_limits({"bulk": KindLimit(1, None)})
     await queue.enqueue_many([JobSpec("bulk", queue="mail") for _ in range(3)]
                              + [JobSpec("note", queue="mail") for _ in range(6)])
@@ -93,7 +101,7 @@ async def test_a_queue_limit_and_a_kind_limit_both_hold(queue: Queue, store: Sto
 
 
 async def test_concurrent_claims_of_a_limited_queue_never_overshoot(queue: Queue, store: Store) -> None:
-    await store.jobs.declare_queue_limits({"mail": 3})
+    await store.jobs.declare_queue_limits({"mail": QueueLimit(3)})
     await queue.enqueue_many([JobSpec("k", queue="mail") for _ in range(300)])
     stores = [Store.open(store.database) for _ in range(6)]
     peak = 0
@@ -117,6 +125,67 @@ async def test_concurrent_claims_of_a_limited_queue_never_overshoot(queue: Queue
             await own.close()
     assert done == 300
     assert peak == 3
+
+
+async def test_a_queue_rate_limit_counts_starts_in_its_window_and_charges_nothing(queue: Queue, store: Store) -> None:
+    await store.jobs.declare_queue_limits({"sms": QueueLimit(None, (3, 60.0))})
+    await queue.enqueue_many([JobSpec(kind, queue="sms") for kind in ("a", "b", "a", "b", "a")])
+    first = await store.jobs.claim_from_limited_queue("sms", 10, "w", 30)
+    assert len(first[0]) == 3
+    await store.jobs.complete_succeeded([(job.id, job.attempt) for job in first[0]], "w")
+    assert await _claimed(store, "sms", 10, "w") == []  # finished or not, a start counts for its window
+    async with store.connection() as connection:
+        waiting = await connection.fetch("SELECT attempt, retry_count FROM agora.jobs WHERE status = 'pending'")
+        assert [tuple(row) for row in waiting] == [(0, 0), (0, 0)]  # held back, charged nothing
+        await connection.execute("UPDATE agora.queue_starts SET started_at = started_at - interval '61 seconds'")
+    assert len(await _claimed(store, "sms", 10, "w")) == 2
+    async with store.connection() as connection:
+        # (starts are kept a minute past their window, for claims whose transaction began before)
+        assert await connection.fetchval("SELECT count(*) FROM agora.queue_starts") == 5
+        await connection.execute("UPDATE agora.queue_starts SET started_at = started_at - interval '2 minutes'")
+    await queue.enqueue_many([JobSpec("a", queue="sms")])
+    assert len(await _claimed(store, "sms", 10, "w")) == 1
+    async with store.connection() as connection:
+        assert await connection.fetchval("SELECT count(*) FROM agora.queue_starts") == 1
+
+
+async def test_concurrent_claims_of_a_rate_limited_queue_never_overshoot(queue: Queue, store: Store) -> None:
+    await store.jobs.declare_queue_limits({"sms": QueueLimit(None, (7, 60.0))})
+    await queue.enqueue_many([JobSpec("k", queue="sms") for _ in range(100)])
+    stores = [Store.open(store.database) for _ in range(6)]
+    try:
+        claims = await asyncio.wait_for(asyncio.gather(*(
+            own.jobs.claim_from_limited_queue("sms", 3, f"w{n}", 30) for n, own in enumerate(stores) for _ in range(3))),
+            30)
+    finally:
+        for own in stores:
+            await own.close()
+    assert sum(len(jobs) for jobs, _ in claims) == 7
+
+
+async def test_a_job_held_back_by_a_queue_rate_limit_starts_when_its_window_opens(
+    queue: Queue, store: Store, settings: Settings
+) -> None:
+    started: list[float] = []
+
+    async def tick(job: object, resources: object) -> None:
+        started.append(asyncio.get_running_loop().time())
+
+    handlers = Handlers()
+    handlers.kind("tick")(tick)
+    handlers.queue("ticks", rate=(1, 1.0))
+    await queue.enqueue_many([JobSpec("tick", queue="ticks") for _ in range(3)])
+    # a poll far away: only the wake at the window's opening can start the next job in time
+    async with running(Worker(handlers, settings=settings.replace(poll_seconds=30, queues=("ticks",)))):
+        async def three_started() -> bool:
+            return len(started) == 3
+
+        await wait_until(three_started, timeout=10)
+    async with store.connection() as connection:
+        claimed = [row["started_at"] for row in await connection.fetch(
+            "SELECT started_at FROM agora.jobs WHERE kind = 'tick' ORDER BY started_at")]
+    gaps = [(later - earlier).total_seconds() for earlier, later in zip(claimed, claimed[1:], strict=False)]
+    assert all(gap >= 1.0 for gap in gaps), gaps
 
 
 async def test_workers_keep_a_limited_queue_under_its_limit_and_serve_the_others(
@@ -168,7 +237,7 @@ async def test_a_config_worker_declares_its_queues_and_the_dashboard_and_metrics
     from agora_pg.config import load_config
     from agora_pg.runner.assembly import build_worker_pool
 
-    await store.jobs.declare_queue_limits({"reports": 9})  # a worker's: the config's limit replaces it
+    await store.jobs.declare_queue_limits({"reports": QueueLimit(9)})  # a worker's: the config's limit replaces it
     pool = build_worker_pool(load_config("""
 format = "agora/v1"
 [periodic_jobs.digest]
@@ -178,6 +247,8 @@ mode = "every"
 hours = 1
 [queues.reports]
 concurrency = 1
+[queues.sms]
+rate = [2, 60]
 """, {}))
     pool.settings = settings
     task = asyncio.create_task(pool.run(handle_signals=False))
@@ -191,9 +262,16 @@ concurrency = 1
         await asyncio.wait_for(task, 20)
     await queue.enqueue_many([JobSpec("r", queue="reports") for _ in range(3)])
     assert len(await _claimed(store, "reports", 10, "w")) == 1
+    await queue.enqueue_many([JobSpec("s", queue="sms") for _ in range(3)])
+    assert len(await _claimed(store, "sms", 10, "w")) == 2
     async with api_client(settings) as client:
         text = (await client.get("/metrics")).text
         overview = (await client.get("/ui/fragments/overview")).text
-    assert 'agora_queue_limit{queue="reports"} 1.0' in text, text
+    for line in ('agora_queue_limit{queue="reports"} 1.0', 'agora_queue_limit_rate{queue="sms"} 2.0',
+                 'agora_queue_limit_rate_seconds{queue="sms"} 60.0'):
+        assert line in text, text
+    assert 'agora_queue_limit{queue="sms"}' not in text  # (no concurrency limit: no sample)
     assert "1 at once, every kind (set in the config)" in overview, overview
     assert "the queue at its limit" in overview, overview
+    assert "2 per 60 s, every kind (set in the config)" in overview, overview
+    assert "the queue's rate limit (2 started in the window)" in overview, overview

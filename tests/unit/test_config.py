@@ -261,14 +261,20 @@ QUEUES = PERIODIC + """
 concurrency = 5
 [queues.reports]
 concurrency = 1
+rate = [100, 60]
+[queues.sms]
+rate = [10, 1]
 """
 
 
 def test_queues_tables_declare_concurrency_limits() -> None:
     from agora_pg.runner.assembly import build_worker_pool
 
+    from agora_pg.db.job_rows import QueueLimit
+
     config = load_config(QUEUES, {})
-    assert config.queues == {"mail": 5, "reports": 1}
+    assert config.queues == {"mail": QueueLimit(5), "reports": QueueLimit(1, (100, 60.0)),
+                             "sms": QueueLimit(None, (10, 1.0))}
     assert build_worker_pool(config).queue_limits == config.queues
     assert load_config(PERIODIC, {}).queues is None  # no [queues] table: the limits are left alone
     assert load_config(PERIODIC + "[queues]\n", {}).queues == {}  # an empty one: the config declares none
@@ -279,8 +285,10 @@ def test_queues_tables_declare_concurrency_limits() -> None:
     [
         (("concurrency = 5", "concurrency = 0"), "queues.mail.concurrency: expected a whole number >= 1, got 0"),
         (("concurrency = 5", 'concurrency = "5"'), 'queues.mail.concurrency: expected a whole number, got "5"'),
-        (("concurrency = 5", ""), "queues.mail.concurrency: missing (expected a whole number)"),
-        (("concurrency = 5", "concurrency = 5\nrate = [1, 60]"), "queues.mail.rate: unknown key"),
+        (("concurrency = 5", ""), "queues.mail: expected at least one of concurrency or rate"),
+        (("rate = [10, 1]", "rate = [10]"), "queues.sms.rate: expected [starts >= 1, seconds > 0]"),
+        (("rate = [10, 1]", "rate = [10, 0]"), "queues.sms.rate: expected [starts >= 1, seconds > 0]"),
+        (("concurrency = 5", "concurrency = 5\nlimit_by = \"x\""), "queues.mail.limit_by: unknown key"),
         (("[queues.mail]", '[queues."mail\\u001b[2J"]'), "queues.mail\x1b[2J: expected a queue name of printable"),
     ],
 )
