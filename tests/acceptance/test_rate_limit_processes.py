@@ -1,4 +1,5 @@
-"""A rate limit per key holds across worker processes, counted on the database's clock."""
+"""Rate limits hold across worker processes, counted on the database's clock: one per key
+of a kind, one of a queue (of every kind together)."""
 
 from __future__ import annotations
 
@@ -16,14 +17,16 @@ from benchmarks.rate_limit import most_in_any_window
 from ..conftest import Processes
 from .test_worker_processes import HERE, worker_env
 
-RATE, WINDOW, KEYS, SECONDS = 5, 1.0, 2, 6.0
+RATE, WINDOW, KEYS, SECONDS = 5, 1.0, 2, 6.0  # (rated_app's limits: 5 a second)
 
 
-async def test_a_rate_limit_per_key_holds_across_three_processes(
-    queue: Queue, database_url: str, processes: Processes
-) -> None:
-    await queue.enqueue_many([JobSpec("rated", {"key": f"k{i % KEYS}"}) for i in range(200)])
-    command = [sys.executable, "-m", "agora_pg.cli", "worker", "--module", "rated_app"]
+async def _starts_of_three_workers(
+    database_url: str, processes: Processes
+) -> tuple[list[asyncpg.Record], datetime, int]:
+    """Run three worker processes of ``rated_app`` until the first start is SECONDS old;
+    the started jobs' queue, key and started_at, the first start, and how many waiting
+    jobs were charged an attempt."""
+    command = [sys.executable, "-m", "agora_pg.cli", "worker", "--module", "rated_app", "--queues", "default,paced"]
     for _ in range(3):
         processes.start(command, worker_env(database_url), HERE)
     started = time.monotonic()
@@ -36,19 +39,42 @@ async def test_a_rate_limit_per_key_holds_across_three_processes(
                 break
             await asyncio.sleep(0.2)
         rows = await connection.fetch(
-            "SELECT payload->>'key' AS key, started_at, attempt, status FROM agora.jobs WHERE started_at IS NOT NULL")
+            "SELECT queue, payload->>'key' AS key, started_at FROM agora.jobs WHERE started_at IS NOT NULL")
         first = min(row["started_at"] for row in rows)
-        pending_attempts = await connection.fetchval(
+        charged = await connection.fetchval(
             "SELECT count(*) FROM agora.jobs WHERE status = 'pending' AND (attempt > 0 OR retry_count > 0)")
     finally:
         await connection.close()
+    return rows, first, charged
+
+
+def _holds_and_is_reached(starts: list[datetime], first: datetime, what: str) -> None:
+    assert most_in_any_window(starts, WINDOW) <= RATE, (what, sorted(starts))
+    # and the limit is reached, not merely respected: about RATE a window over the run
+    in_run = [s for s in starts if (s - first).total_seconds() < SECONDS]
+    assert len(in_run) >= RATE * (SECONDS / WINDOW) - RATE - 1, (what, len(in_run))
+
+
+async def test_a_rate_limit_per_key_holds_across_three_processes(
+    queue: Queue, database_url: str, processes: Processes
+) -> None:
+    await queue.enqueue_many([JobSpec("rated", {"key": f"k{i % KEYS}"}) for i in range(200)])
+    rows, first, charged = await _starts_of_three_workers(database_url, processes)
     by_key: dict[str, list[datetime]] = defaultdict(list)
     for row in rows:
         by_key[row["key"]].append(row["started_at"])
     assert set(by_key) == {f"k{i}" for i in range(KEYS)}
     for key, starts in by_key.items():
-        assert most_in_any_window(starts, WINDOW) <= RATE, (key, sorted(starts))
-        # and the limit is reached, not merely respected: about RATE a window over the run
-        in_run = [s for s in starts if (s - first).total_seconds() < SECONDS]
-        assert len(in_run) >= RATE * (SECONDS / WINDOW) - RATE - 1, (key, len(in_run))
-    assert pending_attempts == 0  # a job held back by the limit is charged nothing
+        _holds_and_is_reached(starts, first, key)
+    assert charged == 0  # a job held back by the limit is charged nothing
+
+
+async def test_a_queue_rate_limit_holds_across_three_processes(
+    queue: Queue, database_url: str, processes: Processes
+) -> None:
+    # two kinds without limits of their own, in the queue limited to 5 starts a second
+    await queue.enqueue_many([JobSpec("plain" if i % 2 else "other", queue="paced") for i in range(200)])
+    rows, first, charged = await _starts_of_three_workers(database_url, processes)
+    assert {row["queue"] for row in rows} == {"paced"}
+    _holds_and_is_reached([row["started_at"] for row in rows], first, "paced")
+    assert charged == 0
