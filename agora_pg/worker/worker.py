@@ -324,12 +324,16 @@ class _WorkerRun:
         jobs: list[Job] = []
         scan = max(LIMITED_SCAN, LIMITED_SCAN_PER_SLOT * limit)
         unlimited = self._unlimited_queues()
+
+        def suspects() -> bool:  # (one suspect at most: none once one runs here or an earlier step took one)
+            return not self.suspects_running and not any(job.lost_count >= self.suspect_lost for job in jobs)
+
         steps: list[Callable[[int], Coroutine[Any, Any, list[Job]]]] = []
         for queue in self.limited_queues:  # (each on its own, under its lock)
             async def of_limited_queue(room: int, queue: str = queue) -> list[Job]:
                 claimed, self.fair_cursor = await self.store.jobs.claim_from_limited_queue(
                     queue, room, worker.id, settings.lease_seconds, limited_kinds=self.limited_kinds, scan=scan,
-                    after_key=self.fair_cursor, suspects=not self.suspects_running, suspect_lost=self.suspect_lost)
+                    after_key=self.fair_cursor, suspects=suspects(), suspect_lost=self.suspect_lost)
                 return claimed
             steps.append(of_limited_queue)
         if self.limited_kinds and unlimited:
@@ -342,7 +346,7 @@ class _WorkerRun:
         if unlimited:
             steps.append(lambda room: self.store.jobs.claim(
                 unlimited, room, worker.id, settings.lease_seconds, worker.claim_kinds,
-                suspects=not self.suspects_running, suspect_lost=self.suspect_lost))
+                suspects=suspects(), suspect_lost=self.suspect_lost))
         for step in steps:
             if len(jobs) >= limit:
                 break

@@ -15,6 +15,7 @@ import time
 from agora_pg import Handlers, Job, Worker
 
 handlers = Handlers()
+handlers.queue("limited", concurrency=90)  # (the limits_under_kills scenario's queue: below its keys' 50 x 2)
 
 
 def record(job: Job) -> None:
@@ -32,7 +33,8 @@ async def work(job: Job, resources: object) -> None:
 
 @handlers.kind("limited", concurrency=2, limit_by="key")
 async def limited(job: Job, resources: object) -> None:
-    """An ordinary job of a kind limited to 2 running per payload ``key``: recorded when it
+    """An ordinary job of a kind limited to 2 running per payload ``key`` (in the queue
+    ``limited``, limited to 90 running jobs): recorded when it
     starts and, in ``<pid>.ends``, when it ends (a kill leaves no end: the kill's time is)."""
     record(job)
     try:

@@ -118,15 +118,17 @@ async def repeated_kills(setup: Setup, size: Size) -> Result:
 
 LIMIT_KEYS = 50
 LIMIT_PER_KEY = 2  # chaos_app's "limited" kind: concurrency=2, limit_by="key"
+LIMIT_PER_QUEUE = 90  # and its queue "limited": concurrency=90 (of 50 x 2 the keys would allow)
 
 
 async def limits_under_kills(setup: Setup, size: Size) -> Result:
-    """4 workers drain jobs of a kind limited to 2 running per key, over 50 keys; every
-    2 s one worker, at random, is killed with SIGKILL and a new one started. From the
-    ledger's start and end times (a killed execution ends at its kill), no key may ever
-    have had more than 2 executions running at once."""
-    # 4 x 50 slots for 50 x 2 running jobs at most: the limit, not the slots, holds jobs back
-    fleet, ledger = setup.fleet(WORKER_CONCURRENCY="50")
+    """4 workers drain jobs of a kind limited to 2 running per key, over 50 keys, in a
+    queue limited to 90 running jobs; every 2 s one worker, at random, is killed with
+    SIGKILL and a new one started. From the ledger's start and end times (a killed
+    execution ends at its kill), no key may ever have had more than 2 executions running
+    at once, nor the queue more than 90."""
+    # 4 x 50 slots for 90 running jobs at most: the limits, not the slots, hold jobs back
+    fleet, ledger = setup.fleet(WORKER_CONCURRENCY="50", WORKER_QUEUES="default,limited")
     fleet.start(4)
     await wait_workers(setup.database_url, 4)
     rng = random.Random(setup.seed)
@@ -134,7 +136,8 @@ async def limits_under_kills(setup: Setup, size: Size) -> Result:
     store = Store.open(Database(setup.database_url), pool_size=1)
     try:
         enqueued = await store.jobs.enqueue(
-            [JobSpec("limited", {"key": f"k{i % LIMIT_KEYS}", "seconds": 0.5}) for i in range(jobs)])
+            [JobSpec("limited", {"key": f"k{i % LIMIT_KEYS}", "seconds": 0.5}, queue="limited")
+             for i in range(jobs)])
     finally:
         await store.close()
     acknowledged = [job.id for job, _ in enqueued]
@@ -145,7 +148,7 @@ async def limits_under_kills(setup: Setup, size: Size) -> Result:
         fleet.kill_random(rng)
         fleet.start(1)
         kills += 1
-    drained = await wait_drained(setup.database_url, 120.0)
+    drained = await wait_drained(setup.database_url, 180.0)
     codes = fleet.stop()
     executions = read_ledger(ledger)
     counts = await tally(setup.database_url, executions, fleet.killed, acknowledged, kind="limited")
@@ -155,15 +158,22 @@ async def limits_under_kills(setup: Setup, size: Size) -> Result:
             "SELECT id, payload->>'key' AS key FROM agora.jobs WHERE kind = 'limited'")}
     finally:
         await connection.close()
-    peaks = peak_running(executions, read_ends(ledger), fleet.killed, key_of)
+    ends = read_ends(ledger)
+    peaks = peak_running(executions, ends, fleet.killed, key_of)
+    queue_peak = max(peak_running(executions, ends, fleet.killed, dict.fromkeys(key_of, "limited")).values(),
+                     default=0)
     over = {key: peak for key, peak in peaks.items() if peak > LIMIT_PER_KEY}
     result = Result("limits_under_kills", size.name, counts, shape=False,
                     notes={"kills": kills, "drained": drained, "stop_codes": codes,
-                           "peak_running_per_key": max(peaks.values(), default=0)})
+                           "peak_running_per_key": max(peaks.values(), default=0),
+                           "peak_running_in_queue": queue_peak})
     if over:
         result.extra_violations.append(f"keys over their limit of {LIMIT_PER_KEY}: {over}")
-    if len(peaks) < LIMIT_KEYS or max(peaks.values()) < LIMIT_PER_KEY:
-        result.extra_violations.append(f"the limit was never reached ({len(peaks)} keys ran): the test proves nothing")
+    if queue_peak > LIMIT_PER_QUEUE:
+        result.extra_violations.append(f"the queue over its limit of {LIMIT_PER_QUEUE}: {queue_peak} at once")
+    if len(peaks) < LIMIT_KEYS or max(peaks.values()) < LIMIT_PER_KEY or queue_peak < LIMIT_PER_QUEUE:
+        result.extra_violations.append(f"a limit was never reached ({len(peaks)} keys ran, at most {queue_peak} "
+                                       "in the queue): the test proves nothing")
     return result
 
 
