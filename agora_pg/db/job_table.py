@@ -142,14 +142,15 @@ class JobTable:
                 if limits["rate"] is not None:
                     room = min(room, limits["rate"] - counted["started"])
             if room > 0 and limited_kinds:
-                rows = await connection.fetch(queries.CLAIM_LIMITED_JOBS, [queue], list(limited_kinds), scan, room,
-                                              worker_id, lease, after_key)
+                rows = await connection.fetch(queries.CLAIM_LIMITED_JOBS_IN_LIMITED_QUEUE, [queue], list(limited_kinds),
+                                              scan, room, worker_id, lease, after_key)
                 keys = {row["fair_key"] for row in rows} - {None}
                 after_key = last_key_served(keys, after_key) if keys else after_key
                 jobs = _in_claim_order(rows)
             if room > len(jobs):
                 jobs += _in_claim_order(await connection.fetch(
-                    queries.CLAIM_JOBS, queue, room - len(jobs), worker_id, lease, suspects, suspect_lost))
+                    queries.CLAIM_JOBS_IN_LIMITED_QUEUE, queue, room - len(jobs), worker_id, lease, suspects,
+                    suspect_lost))
             if jobs and limits is not None and limits["rate"] is not None:
                 await connection.execute(queries.RECORD_QUEUE_STARTS, queue, len(jobs), limits["rate_seconds"])
         return jobs, after_key

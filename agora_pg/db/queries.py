@@ -213,7 +213,13 @@ _AT_MOST_ONE_SUSPECT = """
     WHERE lost_count < $6 OR id = (SELECT id FROM taken WHERE lost_count >= $6 ORDER BY priority DESC, run_at, id LIMIT 1)
 """
 
-CLAIM_JOBS = f"""
+# Queues with limits (agora.queue_limits) are left to their own claim (CLAIM_JOBS_IN_
+# LIMITED_QUEUE, under the queue's lock), whichever worker claims, even one that has not
+# read the limit yet: a test of the queue's name, once per statement (per queue with
+# CLAIM_JOBS_FROM_QUEUES), before any row is read.
+_QUEUE_UNLIMITED = "NOT EXISTS (SELECT FROM agora.queue_limits WHERE queue = {queue})"
+
+_CLAIM_JOBS_OF_QUEUE = f"""
 WITH taken AS (
     SELECT id, priority, run_at, lost_count FROM agora.jobs
     WHERE ({CLAIMABLE_NOW}) AND queue = $1 AND run_at <= now() AND {_UNLIMITED} AND {_SUSPECTS_IF_ALLOWED}
@@ -222,10 +228,13 @@ WITH taken AS (
     FOR UPDATE SKIP LOCKED
 ), next AS ({_AT_MOST_ONE_SUSPECT})
 {_CLAIM_UPDATE}"""
+CLAIM_JOBS = _CLAIM_JOBS_OF_QUEUE.replace(
+    "AND queue = $1 AND", f"AND queue = $1 AND {_QUEUE_UNLIMITED.format(queue='$1')} AND")
+CLAIM_JOBS_IN_LIMITED_QUEUE = _CLAIM_JOBS_OF_QUEUE
 
 # The same, only of the kinds $7 (text[]): a process claims the runs of the pipelines it
 # registered (PIPELINE_QUEUE holds every process's), no other.
-CLAIM_JOBS_OF_KINDS = CLAIM_JOBS.replace("AND run_at <= now()", "AND run_at <= now() AND kind = ANY($7::text[])")
+CLAIM_JOBS_OF_KINDS = _CLAIM_JOBS_OF_QUEUE.replace("AND run_at <= now()", "AND run_at <= now() AND kind = ANY($7::text[])")
 
 # The same for several queues $1 (text[]): each queue's best due jobs, read and locked
 # in index order, then the best of those across queues. Rows locked but not chosen are
@@ -235,7 +244,8 @@ WITH taken AS (
     SELECT best.* FROM unnest($1::text[]) AS q(name)
     CROSS JOIN LATERAL (
         SELECT id, priority, run_at, lost_count FROM agora.jobs
-        WHERE ({CLAIMABLE_NOW}) AND queue = q.name AND run_at <= now() AND {_UNLIMITED} AND {_SUSPECTS_IF_ALLOWED}
+        WHERE ({CLAIMABLE_NOW}) AND queue = q.name AND {_QUEUE_UNLIMITED.format(queue='q.name')}
+          AND run_at <= now() AND {_UNLIMITED} AND {_SUSPECTS_IF_ALLOWED}
         ORDER BY priority DESC, run_at, id
         LIMIT $2
         FOR UPDATE SKIP LOCKED
@@ -255,9 +265,13 @@ WITH taken AS (
 # look at, $4 the most to claim, $5 the worker, $6 its lease seconds (as CLAIM_JOBS's),
 # $7 the last key of fair share the worker served (migration 0017: keys are visited from
 # the next one on); each job comes with its fair_key.
-CLAIM_LIMITED_JOBS = f"""
+CLAIM_LIMITED_JOBS_IN_LIMITED_QUEUE = f"""
 SELECT {JOB_COLUMNS}, fair_key FROM agora.claim_limited_jobs($1::text[], $2::text[], $3, $4, $5, $6, $7)
 """
+# (of the queues $1, those without limits: see _QUEUE_UNLIMITED)
+CLAIM_LIMITED_JOBS = CLAIM_LIMITED_JOBS_IN_LIMITED_QUEUE.replace(
+    "claim_limited_jobs($1::text[]",
+    f"claim_limited_jobs(ARRAY(SELECT q FROM unnest($1::text[]) AS q WHERE {_QUEUE_UNLIMITED.format(queue='q')})")
 
 # Declare the flow control of kinds ($1 kinds, $2 concurrency, $3 limit_by, $4 rate, $5
 # rate_seconds, $6 fair_by; NULL: none) where $7 says: 'code' (a worker, for the kinds

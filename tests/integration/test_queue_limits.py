@@ -90,6 +90,19 @@ async def test_a_queue_limit_counts_every_kind_and_frees_a_slot_with_the_outcome
     assert len(await _claimed(store, "mail", 10, "w2")) == 8 - 1 - 3  # all but the done and the running
 
 
+async def test_a_plain_claim_leaves_limited_queues_alone(queue: Queue, store: Store) -> None:
+    """A worker that has not read a queue's limit yet (it reads them every 5 s) claims none
+    of its jobs, by any claim but the limited queue's own."""
+    await store.jobs.declare_queue_limits({"mail": QueueLimit(1)})
+    await store.jobs.declare_limits({"bulk": KindLimit(5, None)})
+    await queue.enqueue_many([JobSpec("note", queue="mail"), JobSpec("bulk", queue="mail"), JobSpec("note")])
+    assert await store.jobs.claim(["mail"], 10, "w", 30) == []
+    assert [job.queue for job in await store.jobs.claim(["mail", "default"], 10, "w", 30)] == ["default"]
+    jobs, _ = await store.jobs.claim_limited(["mail"], 10, "w", 30, ["bulk"], scan=100)
+    assert jobs == []
+    assert len(await _claimed(store, "mail", 10, "w")) == 1  # its own claim, within its limit
+
+
 async def test_a_queue_limit_and_a_kind_limit_both_hold(queue: Queue, store: Store) -> None:
     await store.jobs.declare_queue_limits({"mail": QueueLimit(4)})
     await store.jobs.declare_limits({"bulk": KindLimit(1, None)})
