@@ -2,6 +2,7 @@
 every worker, counted by the database at claim time under a lock of the queue's limit row."""
 
 import asyncio
+import itertools
 from typing import Any
 
 import pytest
@@ -197,7 +198,7 @@ async def test_a_job_held_back_by_a_queue_rate_limit_starts_when_its_window_open
     async with store.connection() as connection:
         claimed = [row["started_at"] for row in await connection.fetch(
             "SELECT started_at FROM agora.jobs WHERE kind = 'tick' ORDER BY started_at")]
-    gaps = [(later - earlier).total_seconds() for earlier, later in zip(claimed, claimed[1:], strict=False)]
+    gaps = [(later - earlier).total_seconds() for earlier, later in itertools.pairwise(claimed)]
     assert all(gap >= 1.0 for gap in gaps), gaps
 
 

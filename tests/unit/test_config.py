@@ -268,9 +268,8 @@ rate = [10, 1]
 
 
 def test_queues_tables_declare_concurrency_limits() -> None:
-    from agora_pg.runner.assembly import build_worker_pool
-
     from agora_pg.db.job_rows import QueueLimit
+    from agora_pg.runner.assembly import build_worker_pool
 
     config = load_config(QUEUES, {})
     assert config.queues == {"mail": QueueLimit(5), "reports": QueueLimit(1, (100, 60.0)),
