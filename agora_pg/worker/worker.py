@@ -373,10 +373,12 @@ class _WorkerRun:
             limited = await jobs.limited_kinds(self.known_kinds)
         self.limited_kinds = tuple(sorted(limited))
         self.rated_kinds = tuple(sorted(kind for kind, rated in limited.items() if rated))
-        queue_limits = await jobs.limited_queues(self.settings.queues)
-        if {queue for queue, limits in worker.queue_limits.items() if limits != QueueLimit()} - queue_limits.keys():
+        queues = self.settings.queues
+        queue_limits = await jobs.limited_queues(queues)
+        declared = {queue for queue, limits in worker.queue_limits.items() if limits != QueueLimit() and queue in queues}
+        if declared - queue_limits.keys():
             await jobs.declare_queue_limits(worker.queue_limits)
-            queue_limits = await jobs.limited_queues(self.settings.queues)
+            queue_limits = await jobs.limited_queues(queues)
         self.limited_queues = tuple(queue for queue in self.settings.queues if queue in queue_limits)
         self.rated_queues = tuple(queue for queue in self.limited_queues if queue_limits[queue].rate)
         self.limits_read_at = time.monotonic()
