@@ -343,12 +343,12 @@ LIMITED_QUEUES = ("SELECT queue, concurrency, rate, rate_seconds FROM agora.queu
 # locks its row until the claim commits (the queue's claims take turns); QUEUE_ROOM, a
 # statement of its own whose snapshot is taken once the lock is held, counts its running
 # jobs and its starts in the window of $2 seconds (NULL: no rate limit, none counted);
-# the claims of its limited kinds and of the others (CLAIM_JOBS) take at most what is
-# left, and RECORD_QUEUE_STARTS counts $2 starts at the transaction's time, which is the
-# claimed jobs' started_at (so that any window of their started_at holds at most the
-# rate: the latest claim in it counted every earlier one). Starts are deleted a minute
-# after their window, so that a claim whose transaction began earlier but got the lock
-# later still counts them.
+# the claims of its limited kinds and of the others (CLAIM_LIMITED_JOBS_IN_LIMITED_QUEUE,
+# CLAIM_JOBS_IN_LIMITED_QUEUE) take at most what is left, and RECORD_QUEUE_STARTS counts
+# $2 starts at the transaction's time, which is the claimed jobs' started_at (so that any
+# window of their started_at holds at most the rate: the latest claim in it counted every
+# earlier one). Starts are deleted a minute after their window, so that a claim whose
+# transaction began earlier but got the lock later still counts them.
 LOCK_QUEUE_LIMIT = "SELECT concurrency, rate, rate_seconds FROM agora.queue_limits WHERE queue = $1 FOR UPDATE"
 QUEUE_ROOM = """
 SELECT (SELECT count(*) FROM agora.jobs WHERE status = 'processing' AND queue = $1)::int AS running,
