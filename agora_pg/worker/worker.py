@@ -197,6 +197,7 @@ class _WorkerRun:
                                   lease_seconds=settings.lease_seconds)
         self.running: set[Attempt] = set()  # by identity, not job id: a job may come back to this worker
         self.suspects_running = 0  # attempts of suspects (at most one is claimed at a time)
+        self.silent_at_shutdown = False  # a database step at shutdown got no answer: the later ones are skipped
         # A job that lost this many attempts is a suspect (it may be what kills workers): one
         # below the most it may lose, so that a job that kills its process, run beside the
         # same neighbours until it becomes one, never takes them to their limit.
@@ -320,7 +321,7 @@ class _WorkerRun:
         handles. A step that fails after another claimed jobs ends the claim: those run."""
         worker, settings = self.worker, self.settings
         if worker.claim_kinds is None and time.monotonic() - self.limits_read_at >= LIMITS_REFRESH_SECONDS:
-            await self._read_limits()
+            await self._unless_stopping(self._read_limits())  # (a stop does not wait for it)
         jobs: list[Job] = []
         scan = max(LIMITED_SCAN, LIMITED_SCAN_PER_SLOT * limit)
         unlimited = self._unlimited_queues()
@@ -691,14 +692,18 @@ class _WorkerRun:
         log.info("worker %s stopped", worker.id)
 
     async def _bounded(self, call: Coroutine[Any, Any, Any], what: str) -> None:
-        """A database step at shutdown: within the deadline, and given up at a second signal."""
-        if self.worker._aborting.is_set():
+        """A database step at shutdown: within the deadline, and given up at a second signal
+        or once a step before got no answer (each would wait out its deadline in turn: the
+        worker then stops as at a second signal, its leases left to expire)."""
+        if self.worker._aborting.is_set() or self.silent_at_shutdown:
             call.close()
-            log.warning("%s at shutdown: skipped (stopping at once)", what)
+            log.warning("%s at shutdown: skipped (%s)", what, "stopping at once" if self.worker._aborting.is_set()
+                        else "the database did not answer the step before")
             return
         try:
             await unless_stopped(asyncio.wait_for(call, self.settings.database_timeout), self.worker._aborting)
         except (DatabaseUnavailable, TimeoutError) as error:
+            self.silent_at_shutdown = True
             log.warning("%s at shutdown: %s", what, error or "no answer in time")
         except Exception:
             log.exception("%s at shutdown failed", what)
@@ -720,6 +725,7 @@ class _WorkerRun:
                     break
                 await asyncio.sleep(0.5)
         if self.completer.pending_count:
+            self.silent_at_shutdown = True
             log.error("%d outcome(s) could not be recorded; their leases will expire and the jobs "
                       "will be rescued", self.completer.pending_count)
 
