@@ -380,7 +380,7 @@ class _WorkerRun:
         if declared - queue_limits.keys():
             await jobs.declare_queue_limits(worker.queue_limits)
             queue_limits = await jobs.limited_queues(queues)
-        self.limited_queues = tuple(queue for queue in self.settings.queues if queue in queue_limits)
+        self.limited_queues = tuple(queue for queue in queues if queue in queue_limits)
         self.rated_queues = tuple(queue for queue in self.limited_queues if queue_limits[queue].rate)
         self.limits_read_at = time.monotonic()
 

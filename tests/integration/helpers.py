@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from agora_pg.db.job_rows import JobFinish
 from agora_pg.db.store import Store
+from agora_pg.jobs import Job
 from agora_pg.settings import Settings
 from agora_pg.worker import Worker
 
@@ -50,3 +51,34 @@ async def serving(worker: Worker, store: Store, settings: Settings, stop_timeout
     finally:
         worker.stop()
         await asyncio.wait_for(task, stop_timeout)
+
+
+async def drain_by_claimers(
+    store: Store, total: int, claim: Callable[[Store, str], Awaitable[list[Job]]],
+    after_claim: Callable[[Store], Awaitable[None]], *, claimers: int = 6, rounds: int = 200,
+) -> int:
+    """Claim at once from ``claimers`` stores of their own (``claim(store, worker_id)``),
+    each finishing what it claimed a moment later, until ``total`` jobs are done or
+    ``rounds`` claims each were made; ``after_claim`` samples the database after each
+    claim. Returns how many jobs were done."""
+    stores = [Store.open(store.database) for _ in range(claimers)]
+    done = 0
+
+    async def work(own: Store, worker: str) -> None:
+        nonlocal done
+        for _ in range(rounds):
+            jobs = await claim(own, worker)
+            await after_claim(own)
+            if jobs:
+                await asyncio.sleep(0.001)
+                await own.jobs.complete_succeeded([(job.id, job.attempt) for job in jobs], worker)
+                done += len(jobs)
+            elif done >= total:
+                return
+
+    try:
+        await asyncio.wait_for(asyncio.gather(*(work(own, f"w{n}") for n, own in enumerate(stores))), 60)
+    finally:
+        for own in stores:
+            await own.close()
+    return done

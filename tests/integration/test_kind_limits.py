@@ -14,7 +14,7 @@ from agora_pg.db.store import Store
 from agora_pg.settings import Settings
 from agora_pg.worker.handlers import Handlers, KindOptions
 
-from .helpers import running, wait_until
+from .helpers import drain_by_claimers, running, wait_until
 from .test_api import api_client
 
 
@@ -222,27 +222,14 @@ async def test_a_rescue_frees_the_slot(queue: Queue, store: Store) -> None:
 async def test_concurrent_limited_claims_never_overshoot(queue: Queue, store: Store) -> None:
     await store.jobs.declare_limits({"mail": KindLimit(2, "customer")})
     await queue.enqueue_many([JobSpec("mail", {"customer": f"c{i % 10}"}) for i in range(400)])
-    stores = [Store.open(store.database) for _ in range(6)]
     peak: Counter[str] = Counter()
-    done = 0
-    try:
-        async def work(own: Store, worker: str) -> None:
-            nonlocal done
-            for _ in range(200):
-                jobs = await _claimed(own, ["default"], 7, worker, 30, ["mail"], scan=1000)
-                for key, n in (await _running_by_key(own, "customer")).items():
-                    peak[key] = max(peak[key], n)
-                if jobs:
-                    await asyncio.sleep(0.001)
-                    await own.jobs.complete_succeeded([(job.id, job.attempt) for job in jobs], worker)
-                    done += len(jobs)
-                elif done >= 400:
-                    return
 
-        await asyncio.wait_for(asyncio.gather(*(work(own, f"w{n}") for n, own in enumerate(stores))), 60)
-    finally:
-        for own in stores:
-            await own.close()
+    async def sample(own: Store) -> None:
+        for key, n in (await _running_by_key(own, "customer")).items():
+            peak[key] = max(peak[key], n)
+
+    done = await drain_by_claimers(
+        store, 400, lambda own, worker: _claimed(own, ["default"], 7, worker, 30, ["mail"], scan=1000), sample)
     assert done == 400
     assert set(peak) == {f"c{i}" for i in range(10)} and max(peak.values()) == 2
 

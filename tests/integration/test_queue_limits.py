@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
-from agora_pg import JobSpec, Queue, Worker
+from agora_pg import Job, JobSpec, Queue, Worker
 from agora_pg.db.job_rows import KindLimit, QueueLimit
 from agora_pg.db.store import Store
 from agora_pg.settings import Settings
 from agora_pg.worker.handlers import Handlers
 
-from .helpers import running, wait_until
+from .helpers import drain_by_claimers, running, wait_until
 from .test_api import api_client
 
 
@@ -117,26 +117,17 @@ async def test_a_queue_limit_and_a_kind_limit_both_hold(queue: Queue, store: Sto
 async def test_concurrent_claims_of_a_limited_queue_never_overshoot(queue: Queue, store: Store) -> None:
     await store.jobs.declare_queue_limits({"mail": QueueLimit(3)})
     await queue.enqueue_many([JobSpec("k", queue="mail") for _ in range(300)])
-    stores = [Store.open(store.database) for _ in range(6)]
     peak = 0
-    done = 0
-    try:
-        async def work(own: Store, worker: str) -> None:
-            nonlocal done, peak
-            for _ in range(400):
-                jobs, _ = await own.jobs.claim_from_limited_queue("mail", 2, worker, 30)
-                peak = max(peak, await _running_in(own, "mail"))
-                if jobs:
-                    await asyncio.sleep(0.001)
-                    await own.jobs.complete_succeeded([(job.id, job.attempt) for job in jobs], worker)
-                    done += len(jobs)
-                elif done >= 300:
-                    return
 
-        await asyncio.wait_for(asyncio.gather(*(work(own, f"w{n}") for n, own in enumerate(stores))), 60)
-    finally:
-        for own in stores:
-            await own.close()
+    async def claim(own: Store, worker: str) -> list[Job]:
+        jobs, _ = await own.jobs.claim_from_limited_queue("mail", 2, worker, 30)
+        return jobs
+
+    async def sample(own: Store) -> None:
+        nonlocal peak
+        peak = max(peak, await _running_in(own, "mail"))
+
+    done = await drain_by_claimers(store, 300, claim, sample, rounds=400)
     assert done == 300
     assert peak == 3
 
