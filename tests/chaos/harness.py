@@ -417,17 +417,24 @@ class Result:
 async def measure_flow(
     scenario: str, size: Size, database_url: str, fleet: Fleet, ledger_dir: Path,
     fault: Callable[[], Awaitable[dict[str, Any] | None]], *, drain_timeout: float = 90.0,
-    after_drain: Callable[[], Awaitable[dict[str, Any]]] | None = None,
+    after_drain: Callable[[], Awaitable[dict[str, Any]]] | None = None, supervise: bool = False,
 ) -> Result:
-    """Steady flow through ``fleet``: baseline, ``fault()``, recovery; then drain and tally."""
+    """Steady flow through ``fleet``: baseline, ``fault()``, recovery; then drain and tally.
+    With ``supervise``, workers that die are replaced until the drain ends, as a process
+    supervisor would (noted as ``workers_replaced``)."""
     producer = Producer(database_url, size.rate, size.job_seconds)
     producer.start()
     sampling = True
+    replaced = 0
 
     async def sample() -> None:
+        nonlocal replaced
         while sampling:
             fleet.sample_rss()
-            await asyncio.sleep(0.5)
+            for _ in range(5):
+                if supervise:
+                    replaced += fleet.replace_dead()
+                await asyncio.sleep(0.1)
 
     sampler = asyncio.create_task(sample())
     await asyncio.sleep(size.baseline)
@@ -440,6 +447,8 @@ async def measure_flow(
     drained = await wait_drained(database_url, drain_timeout)
     sampling = False
     await sampler
+    if supervise:
+        notes["workers_replaced"] = replaced
     if after_drain is not None:
         notes.update(await after_drain())
     codes = fleet.stop()

@@ -858,12 +858,8 @@ async def bad_handlers(setup: Setup, size: Size) -> Result:
                     await asyncio.sleep(0.1)
         finally:
             await store.close()
-        replaced = 0
-        deadline = time.monotonic() + size.fault
-        while time.monotonic() < deadline:
-            replaced += fleet.replace_dead()
-            await asyncio.sleep(0.2)
-        return {"workers_replaced": replaced}
+        await asyncio.sleep(size.fault)  # (dead workers are replaced by measure_flow's supervision)
+        return {}
 
     async def after() -> dict[str, Any]:
         for _ in range(50):  # the last deaths' replacements
@@ -879,7 +875,8 @@ async def bad_handlers(setup: Setup, size: Size) -> Result:
         outcomes = {f"{row['kind']}": f"{row['status']}" for row in rows}
         return {"bad_jobs": outcomes, "_bad_rows": [dict(row) for row in rows]}
 
-    result = await measure_flow("bad_handlers", size, setup.database_url, fleet, ledger, fault, after_drain=after)
+    result = await measure_flow("bad_handlers", size, setup.database_url, fleet, ledger, fault, after_drain=after,
+                                supervise=True)
     rows = result.notes.pop("_bad_rows")
     for row in rows:
         if row["status"] != "failed" or not row["error_message"]:
