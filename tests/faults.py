@@ -24,6 +24,30 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+async def expire_leases_of(database_url: str, process: subprocess.Popen[bytes]) -> int:
+    """The leases of ``process``, which has exited (a ``kill -9`` the test waited for),
+    expired now in the database: the test drives the lease's time rather than waiting it
+    out, so that its workers can hold leases long enough to outlive a loaded machine's
+    stalls. The rescue that follows is the real one. Returns how many workers it ran."""
+    import asyncpg
+
+    assert process.poll() is not None, f"process {process.pid} still runs: its leases are its own"
+    connection = await asyncpg.connect(database_url)
+    try:
+        async with connection.transaction():
+            ids = [row["id"] for row in await connection.fetch(
+                "SELECT id FROM agora.workers WHERE pid = $1 AND hostname = $2", process.pid, socket.gethostname())]
+            await connection.execute(
+                "UPDATE agora.workers SET lease_expires_at = now() - interval '1 second' "
+                "WHERE id = ANY($1::text[]) AND lease_expires_at IS NOT NULL", ids)
+            await connection.execute(
+                "UPDATE agora.jobs SET lease_expires_at = now() - interval '1 second' "
+                "WHERE locked_by = ANY($1::text[]) AND status = 'processing' AND lease_expires_at IS NOT NULL", ids)
+    finally:
+        await connection.close()
+    return len(ids)
+
+
 def outside_address() -> str | None:
     """An address of this machine that is not loopback (the one its default route uses),
     or None."""

@@ -15,21 +15,29 @@ from typing import Any
 STOPPABLE = ("ScheduledPipeline", "WorkerPool", "Worker")
 
 
-async def first_runs_ended(namespace: dict[str, Any], timeout: float) -> None:
-    """Until every ScheduledPipeline of the sample has a run that ended (or ``timeout``):
-    a loaded machine may need more than ``SAMPLE_STOP_AFTER`` for the first one."""
+async def settled(namespace: dict[str, Any], timeout: float) -> None:
+    """Until every ScheduledPipeline of the sample has a run that ended and no job due now
+    of a kind the sample's workers handle waits or runs (or ``timeout``): a loaded machine
+    may need more than ``SAMPLE_STOP_AFTER`` for them, and a sample that waits for its
+    job's end must not have its worker stopped first."""
     import asyncpg
 
     ids = [value.pipeline_id for value in namespace.values() if type(value).__name__ == "ScheduledPipeline"]
+    workers = [value for value in namespace.values() if type(value).__name__ == "Worker"]
+    workers += [value.job_worker for value in namespace.values()
+                if type(value).__name__ == "WorkerPool" and getattr(value, "job_worker", None) is not None]
+    kinds = sorted({kind for worker in workers for kind in worker.handlers})
     url = os.environ.get("AGORA_PG_DATABASE_URL")
-    if not ids or not url:
+    if not (ids or kinds) or not url:
         return
     connection = await asyncpg.connect(url)
     try:
         deadline = asyncio.get_running_loop().time() + timeout
         while asyncio.get_running_loop().time() < deadline and await connection.fetchval(
-            "SELECT count(DISTINCT pipeline_id) FROM agora.runs WHERE pipeline_id = ANY($1::text[]) "
-            "AND finished_at IS NOT NULL", ids) < len(ids):
+            "SELECT (SELECT count(DISTINCT pipeline_id) FROM agora.runs WHERE pipeline_id = ANY($1::text[]) "
+            "        AND finished_at IS NOT NULL) < $3 "
+            "    OR EXISTS (SELECT FROM agora.jobs WHERE kind = ANY($2::text[]) AND run_at <= now() "
+            "               AND status IN ('pending', 'processing'))", ids, kinds, len(ids)):
             await asyncio.sleep(0.2)
     finally:
         await connection.close()
@@ -39,7 +47,7 @@ async def run_until_stopped(coroutine: Any, namespace: dict[str, Any]) -> None:
     task = asyncio.ensure_future(coroutine)
     done, _ = await asyncio.wait([task], timeout=float(os.environ.get("SAMPLE_STOP_AFTER", "3")))
     if not done:
-        await first_runs_ended(namespace, 30.0)
+        await settled(namespace, 30.0)
         for value in list(namespace.values()):
             if type(value).__name__ in STOPPABLE:
                 value.stop()

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -137,9 +138,9 @@ async def test_dev_runs_api_and_worker_until_ctrl_c(database_url: str, processes
     assert dev.returncode == 0, text
     assert f"API on http://127.0.0.1:{port}" in text
     assert f"dashboard on http://127.0.0.1:{port}/" in text
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30  # (dev has exited: its children must follow, not within any speed)
     while any(child.is_running() and child.status() != psutil.STATUS_ZOMBIE for child in children):
-        assert time.monotonic() < deadline, [child.pid for child in children if child.is_running()]
+        assert time.monotonic() < deadline, f"children left running after dev exited: {[c.pid for c in children if c.is_running()]}"
         time.sleep(0.1)
 
 
@@ -242,11 +243,10 @@ async def test_a_flood_of_idle_and_slow_connections_is_shed_and_health_still_ans
             return False
 
     flooded = await asyncio.to_thread(flood, 100, 50)
-    started = time.monotonic()
     async with httpx.AsyncClient(base_url=base, timeout=5) as client:
         assert (await client.get("/health")).status_code == 200
+    # each read waits at most 5 s (closed_by_server's timeout): the server's 2 s deadline, not forever
     assert all(await asyncio.to_thread(lambda: [closed_by_server(c) for c in flooded]))
-    assert time.monotonic() - started < 8  # the 2 s deadline, not forever
     for connection in flooded:
         connection.close()
 
@@ -392,14 +392,13 @@ async def test_timeouts_cancels_fail_and_tracebacks_over_http_and_the_cli(
             await wait_status(client, running["id"], "processing", timeout=30)
             asked = await client.post(f"/jobs/{running['id']}/cancel")
             assert asked.status_code == 200 and asked.json()["cancel_requested_at"] is not None, asked.text
-            started = time.monotonic()
+            # (the async handler would sleep 60 s: cancelled within the wait's 30 s, it was interrupted)
             cancelled = await wait_status(client, running["id"], "cancelled", timeout=30)
-            took = time.monotonic() - started
-            assert [r["status"] for r in cancelled["runs"]] == ["cancelled"]
-            if kind == "slow":
-                assert took < 2  # an async handler stops within about a second
-            else:
-                assert took > 1  # a sync handler's thread cannot be interrupted: it finished first
+            [run] = cancelled["runs"]
+            assert run["status"] == "cancelled"
+            if kind == "sync_sleep":  # a sync handler's thread cannot be interrupted: its 2 s ran out first
+                ran = datetime.fromisoformat(run["finished_at"]) - datetime.fromisoformat(run["started_at"])
+                assert ran.total_seconds() >= 1.9, run  # (a lower bound: load only lengthens it)
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(cli(*args), env=env, cwd=REPO, capture_output=True, text=True, timeout=60)

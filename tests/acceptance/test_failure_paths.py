@@ -28,7 +28,7 @@ from agora_pg.db.store import Store
 from agora_pg.errors import TransientDatabaseError
 
 from ..conftest import Processes, Server
-from ..faults import PgProxy, PrivateServer, free_port, proxied
+from ..faults import PgProxy, PrivateServer, expire_leases_of, free_port, proxied
 from .test_scheduled_processes import start_pool
 from .test_worker_processes import eventually, scalar, start_worker, stop
 
@@ -131,11 +131,10 @@ async def test_a_claim_whose_reply_is_lost_is_run_by_its_worker_at_once(
 ) -> None:
     job = await queue.enqueue("ledger")
     proxy.lose_reply_to(b"SET status = 'processing'")  # the worker's first claim commits, unanswered
-    worker = start_worker(processes, proxy.url(dbname(database_url)), WORKER_LEASE_SECONDS="30",
+    worker = start_worker(processes, proxy.url(dbname(database_url)), WORKER_LEASE_SECONDS="300",
                           LEDGER_DIR=str(ledger_dir))
-    started = time.monotonic()
-    await eventually(lambda: status_is_done(database_url, job.id), 20, "the job running despite the lost reply")
-    assert time.monotonic() - started < 20  # far sooner than the 30 s lease would have expired
+    # (a rescue would come only after the 300 s lease: done within the wait, the worker ran it itself)
+    await eventually(lambda: status_is_done(database_url, job.id), 60, "the job running despite the lost reply")
     code, output = stop(worker)
     assert code == 0, output
     assert proxy.replies_lost == 1
@@ -161,19 +160,16 @@ async def test_sigterm_stops_a_worker_whose_database_is_silent(
     await eventually(lambda: _workers_registered(database_url, 2), 30, "both workers starting")
     proxy.hold()  # nothing refused, nothing answered
     await asyncio.sleep(1.0)
-    started = time.monotonic()
     os.kill(graceful.pid, signal.SIGTERM)
     os.kill(hurried.pid, signal.SIGTERM)
     await asyncio.sleep(0.5)
     os.kill(hurried.pid, signal.SIGTERM)  # the second signal: stop at once
-    hurried.wait(timeout=10)
-    hurried_took = time.monotonic() - started
-    graceful.wait(timeout=60)
-    graceful_took = time.monotonic() - started
+    # (no elapsed time is asserted: each exits, and its log says which steps it skipped)
+    for process in (hurried, graceful):
+        await asyncio.to_thread(process.wait, 120)
     outputs = [process.stdout.read().decode(errors="replace") if process.stdout else "" for process in (hurried, graceful)]
-    assert hurried_took < 4, (hurried_took, outputs[0])
-    assert graceful_took < 25, (graceful_took, outputs[1])  # every step at shutdown has a deadline
-    # and once one got no answer, the later ones are not waited for in turn
+    assert "stopped at once" in outputs[0], outputs[0]  # the second signal: no step waited for
+    # every step at shutdown has a deadline, and once one got no answer the later ones are skipped
     assert "recording the worker's stop at shutdown: skipped (the database did not answer" in outputs[1], outputs[1]
     assert hurried.returncode == graceful.returncode == 0, outputs
 
@@ -204,12 +200,12 @@ async def test_a_stall_longer_than_the_lease_never_runs_a_job_or_a_pipeline_twic
         finally:
             await store.close()
         job_id = job[0].id
-        workers = [start_worker(processes, url, LEDGER_DIR=str(ledger_dir), AGORA_PG_DATABASE_TIMEOUT="2")
-                   for _ in range(2)]
+        workers = [start_worker(processes, url, LEDGER_DIR=str(ledger_dir), AGORA_PG_DATABASE_TIMEOUT="2",
+                                WORKER_LEASE_SECONDS="2") for _ in range(2)]
         health_ports = [free_port(), free_port()]
         pools = [start_pool(processes, url, "--health-port", str(port), PIPELINE_SCHEDULE="every1s",
                             PIPELINE_SLEEP="6", PIPELINE_BACKOFF="0.2", LEDGER_DIR=str(ledger_dir),
-                            AGORA_PG_DATABASE_TIMEOUT="2") for port in health_ports]
+                            AGORA_PG_DATABASE_TIMEOUT="2", WORKER_LEASE_SECONDS="2") for port in health_ports]
         # every process is up (a process that starts while the server stops exits 1, as it should)
         await eventually(lambda: _workers_registered(url, 2), 30, "both job workers starting")
         for port in health_ports:
@@ -365,8 +361,8 @@ async def test_transient_server_errors_are_waited_out(
 async def test_an_async_handler_blocking_the_loop_keeps_its_lease_and_is_named(
     queue: Queue, database_url: str, processes: Processes, ledger_dir: Path
 ) -> None:
-    job = await queue.enqueue("block_loop", {"seconds": 5})  # 2.5 leases of 2 s
-    blocked = start_worker(processes, database_url, LEDGER_DIR=str(ledger_dir))
+    job = await queue.enqueue("block_loop", {"seconds": 10})  # 2.5 leases of 4 s
+    blocked = start_worker(processes, database_url, LEDGER_DIR=str(ledger_dir), WORKER_LEASE_SECONDS="4")
     await eventually(lambda: _started(ledger_dir, job.id), 30, "the job starting")
     other = start_worker(processes, database_url, LEDGER_DIR=str(ledger_dir))  # would rescue an expired lease
     await eventually(lambda: status_is_done(database_url, job.id), 30, "the job finishing")
@@ -399,6 +395,7 @@ async def test_a_job_that_kills_its_process_fails_alone_and_its_neighbours_keep_
             if not alive(worker):
                 deaths += 1
                 assert worker.returncode == 9
+                await expire_leases_of(database_url, worker)  # (its jobs back now, not a lease later)
                 workers[index] = start_worker(processes, database_url, "--concurrency", "10",
                                               LEDGER_DIR=str(ledger_dir))
         await asyncio.sleep(0.2)
@@ -424,17 +421,16 @@ async def test_a_job_that_kills_its_process_fails_alone_and_its_neighbours_keep_
 async def test_a_sync_handler_still_running_at_shutdown_is_not_released_beside_its_thread(
     queue: Queue, database_url: str, processes: Processes, ledger_dir: Path
 ) -> None:
-    job = await queue.enqueue("sync_sleep", {"seconds": 4})
+    job = await queue.enqueue("sync_sleep", {"seconds": 1, "first_seconds": 600})
     first = start_worker(processes, database_url, LEDGER_DIR=str(ledger_dir), WORKER_SHUTDOWN_TIMEOUT="0.5")
     await eventually(lambda: _started(ledger_dir, job.id), 30, "the job starting")
-    started = time.monotonic()
-    code, output = stop(first, timeout=30)
+    code, output = stop(first, timeout=120)  # (its thread would run 600 s: it does not keep the process alive)
     assert code == 0, output
-    assert time.monotonic() - started < 10  # the thread does not keep the process alive
     exited_at = time.time()
     assert "still running in its thread: left as it is, not released" in output
     row = await job_row(database_url, job.id)
     assert row["status"] == "processing"  # not released while its thread might still run
+    await expire_leases_of(database_url, first)
     second = start_worker(processes, database_url, LEDGER_DIR=str(ledger_dir))
     await eventually(lambda: status_is_done(database_url, job.id), 30, "another worker running it after the lease")
     code, output = stop(second)
@@ -449,16 +445,16 @@ async def test_a_sync_handler_hung_past_its_timeout_is_recorded_and_its_process_
     queue: Queue, database_url: str, processes: Processes, ledger_dir: Path
 ) -> None:
     hung = await queue.enqueue("sync_sleep", {"seconds": 600}, timeout_seconds=1)
-    neighbour = await queue.enqueue("ledger", {"seconds": 4})
+    neighbour = await queue.enqueue("ledger", {"seconds": 15})  # still running when the thread is given up
     port = free_port()
     worker = start_worker(processes, database_url, "--health-port", str(port), LEDGER_DIR=str(ledger_dir),
-                          WORKER_SHUTDOWN_TIMEOUT="20")
+                          WORKER_SHUTDOWN_TIMEOUT="20", WORKER_LEASE_SECONDS="4")
     await eventually(lambda: _started(ledger_dir, hung.id) and _started(ledger_dir, neighbour.id), 30,
                      "both jobs starting")
 
-    async def recorded() -> bool:  # its deadline (1 s) plus a lease (2 s) later
+    async def recorded() -> bool:  # its deadline (1 s) plus a lease (4 s) later
         return (await job_row(database_url, hung.id))["retry_count"] == 1
-    await eventually(recorded, 15, "the hung attempt being recorded")
+    await eventually(recorded, 60, "the hung attempt being recorded")
     row = await job_row(database_url, hung.id)
     assert (row["status"], row["delayed"], row["locked_by"]) == ("failed", True, None)  # to retry; slot, lease free
     assert row["error_message"].startswith("JobTimeout: ") and f"agora-job-{hung.id}" in row["error_message"]
@@ -473,7 +469,7 @@ async def test_a_sync_handler_hung_past_its_timeout_is_recorded_and_its_process_
     metrics = _get(port, "/metrics")[1]
     assert f'agora_stuck_threads{{job_id="{hung.id}",kind="sync_sleep",thread="agora-job-{hung.id}"}}' in metrics
 
-    code = await asyncio.to_thread(worker.wait, 30)  # once its neighbour has finished
+    code = await asyncio.to_thread(worker.wait, 60)  # once its neighbour has finished
     output = exit_output(worker)
     assert code == 1, output[-3000:]
     last = output.strip().splitlines()[-1]

@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -123,13 +122,12 @@ def test_busy_ports_are_named_in_one_line_before_anything_starts(database_url: s
         for args, option in ((("dev", "--port", str(port)), "--port"),
                              (("dev", "--port", str(free_port()), "--health-port", str(port)), "--health-port"),
                              (("api", "--port", str(port)), "--port")):
-            started = time.monotonic()
             result = run(cli(*args), bare_env(AGORA_PG_DATA_DIR=str(tmp_path / "never-started")))
             assert result.returncode == 2, result.stderr
             assert result.stderr.strip().splitlines() == [
                 f"agora-pg: {option}: port {port} on 127.0.0.1 "
                 f"is not free (Address already in use); pick another with {option}"]
-            assert time.monotonic() - started < 20 and not (tmp_path / "never-started").exists()
+            assert not (tmp_path / "never-started").exists()  # refused before the database was started
         worker = run(cli("worker", "--module", "worker", "--health-port", str(port)), worker_env(database_url))
         assert worker.returncode == 2, worker.stderr
         assert worker.stderr.strip().splitlines()[-1].startswith(

@@ -60,7 +60,11 @@ async def test_three_workers_share_one_pipeline_without_overlap(
     database_url: str, processes: Processes, events: None
 ) -> None:
     workers = [start_pool(processes, database_url, PIPELINE_SLEEP="0.3") for _ in range(3)]
-    await asyncio.sleep(10)
+
+    async def ran(count: int) -> bool:
+        return len(await run_statuses(database_url)) >= count
+
+    await eventually(lambda: ran(6), 120, "six runs of the shared pipeline")
     for process in workers:
         code, output = stop(process)
         assert code == 0, output
@@ -73,11 +77,15 @@ async def test_three_workers_share_one_pipeline_without_overlap(
     assert [run["status"] for run in runs] == ["succeeded"] * len(runs)
     assert len(rows) == len(runs)
     gaps = [(later["started_at"] - earlier["finished_at"]).total_seconds() for earlier, later in zip(rows, rows[1:])]
-    assert min(gaps) > 0.9, gaps  # never overlapping, and every(seconds=1) after each finish
-    assert max(gaps) < 2.0, gaps  # and no tick lost between workers: the count of a single runner
-    span = (rows[-1]["finished_at"] - rows[0]["started_at"]).total_seconds()
-    assert len(rows) == pytest.approx(span / 1.3 + 1, abs=2)
-    assert len(rows) >= 5
+    # never overlapping, and every(seconds=1) after each finish (a lower bound: load only adds to it)
+    assert min(gaps) > 0.9, gaps
+    # and no tick lost between workers: each run is the tick its predecessor's finish set,
+    # one second after it (by the database's clock: no speed of the machine is assumed)
+    ticks = await fetch(database_url, "SELECT scheduled_for, finished_at FROM agora.runs "
+                                      "WHERE pipeline_id = 'acceptance' ORDER BY scheduled_for")
+    chained = [(later["scheduled_for"] - earlier["finished_at"]).total_seconds() for earlier, later in zip(ticks, ticks[1:])]
+    assert all(0.99 <= chain <= 1.01 for chain in chained), chained
+    assert len(rows) >= 6
 
 
 async def test_a_killed_worker_is_replaced_after_the_lease_expires(
@@ -86,19 +94,21 @@ async def test_a_killed_worker_is_replaced_after_the_lease_expires(
     # (the same backoff in both: a replacement that rescues the run before it registers its
     # schedule applies the backoff the row holds)
     doomed = start_pool(processes, database_url, PIPELINE_SCHEDULE="hourly", PIPELINE_SLEEP="3600",
-                        PIPELINE_BACKOFF="0.5")
+                        PIPELINE_BACKOFF="0.5", WORKER_LEASE_SECONDS="4")
     await eventually(lambda: _run_in_flight(database_url), 30, "the first run starting")
     os.kill(doomed.pid, signal.SIGKILL)
     doomed.wait(timeout=10)
     killed_at = time.monotonic()
     replacement = start_pool(processes, database_url, PIPELINE_SCHEDULE="hourly", PIPELINE_SLEEP="0",
-                             PIPELINE_BACKOFF="0.5")
+                             PIPELINE_BACKOFF="0.5", WORKER_LEASE_SECONDS="4")
     try:
         await eventually(lambda: _statuses_are(database_url, ["abandoned", "succeeded"]), 30, "the replacement run")
     except AssertionError:
         print(stop(replacement)[1])
         raise
-    assert time.monotonic() - killed_at >= 1.0  # not before the 2 s lease ran out (minus start-up)
+    # not before the 4 s lease ran out (renewed at most 1.3 s before the kill): a lower
+    # bound, which a busy machine only makes easier to meet
+    assert time.monotonic() - killed_at >= 2.5
     [abandoned] = await fetch(database_url, "SELECT error_type FROM agora.runs WHERE status = 'abandoned'")
     assert abandoned["error_type"] == "WorkerLost"  # counted as a failed run (backoff), then reset by the success
     code, output = stop(replacement)
@@ -269,9 +279,7 @@ async def test_a_second_sigint_cancels_at_once(database_url: str, processes: Pro
     os.kill(worker.pid, signal.SIGINT)
     await asyncio.sleep(0.5)
     assert worker.poll() is None  # the first Ctrl+C waits for the run
-    started = time.monotonic()
     os.kill(worker.pid, signal.SIGINT)
-    output, _ = worker.communicate(timeout=20)
+    output, _ = worker.communicate(timeout=60)  # (well inside the 120 s grace the first one started)
     assert worker.returncode == 0, output.decode()
-    assert time.monotonic() - started < 10
     assert await run_statuses(database_url) == ["cancelled"]

@@ -81,9 +81,10 @@ async def block_loop(job: Job, pool: asyncpg.Pool) -> None:
 
 
 def sync_sleep(job: Job, pool: asyncpg.Pool) -> None:
-    """A sync handler (run in a thread) that takes ``seconds``."""
+    """A sync handler (run in a thread) that takes ``seconds`` (``first_seconds`` at its
+    first attempt, when given)."""
     _ledger(job, "start")
-    time.sleep(float(job.payload["seconds"]))
+    time.sleep(float(job.payload.get("first_seconds" if job.attempt == 1 else "seconds", job.payload["seconds"])))
     _ledger(job, "end")
 
 

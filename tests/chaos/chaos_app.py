@@ -45,6 +45,14 @@ async def limited(job: Job, resources: object) -> None:
             ends.write(f"{job.id} {job.attempt} {os.getpid()} {time.time():.6f}\n")
 
 
+@handlers.kind("beside")
+async def beside(job: Job, resources: object) -> None:
+    """A job of ``seconds`` that the bad_handlers scenario enqueues with the stuck sync one,
+    to run beside it in the worker that then stops."""
+    record(job)
+    await asyncio.sleep(float(job.payload.get("seconds", 0.0)))
+
+
 @handlers.kind("hang", timeout=1.0)
 async def hang(job: Job, resources: object) -> None:
     """Never returns by itself: its kind's timeout ends each attempt."""

@@ -33,6 +33,10 @@ REPO = Path(__file__).resolve().parents[2]
 WORKER_MODULE = "tests.chaos.chaos_app"
 RECOVERY_SHARE = 0.9  # recovered: throughput back to 90 % of the baseline...
 RECOVERY_LIMIT_SECONDS = 10.0  # ...within 10 s of the fault ending
+# The workers' lease: renewed every 2 s, a renewal given up after 2 s and the attempt
+# stopped after 4.5 s without one, so a busy machine's stalls of a few seconds (a renewal
+# waiting on a loaded server) do not end attempts; a killed worker's jobs wait 6 s.
+LEASE_SECONDS = 6.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,10 +58,10 @@ FULL = Size("full", baseline=30.0, fault=60.0, recovery=60.0, rate=200.0, burst=
 
 
 def chaos_env(database_url: str, ledger_dir: Path, **extra: str) -> dict[str, str]:
-    """A worker's environment: only the settings the scenario gives (fast leases)."""
+    """A worker's environment: only the settings the scenario gives (``LEASE_SECONDS``)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WORKER_", "AGORA_PG_", "DATABASE_URL"))}
     env.update(
-        AGORA_PG_DATABASE_URL=database_url, CHAOS_LEDGER_DIR=str(ledger_dir), WORKER_LEASE_SECONDS="2",
+        AGORA_PG_DATABASE_URL=database_url, CHAOS_LEDGER_DIR=str(ledger_dir), WORKER_LEASE_SECONDS=f"{LEASE_SECONDS:g}",
         WORKER_POLL_SECONDS="0.5", WORKER_RETRY_BACKOFF_SECONDS="0", WORKER_CONCURRENCY="10",
         AGORA_PG_LOG_LEVEL="WARNING", AGORA_PG_DATABASE_TIMEOUT="5", PYTHONUNBUFFERED="1",
         PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
@@ -345,22 +349,34 @@ def recovery_seconds(executions: list[Execution], baseline: float, fault_end: fl
     return None
 
 
+async def waiting_jobs(database_url: str) -> int | None:
+    """How many jobs are pending, processing or waiting for a retry (None: no answer)."""
+    try:
+        connection = await asyncpg.connect(database_url, timeout=3)
+        try:
+            return int(await connection.fetchval(f"SELECT count(*) FROM agora.jobs AS j WHERE {WAITING}"))
+        finally:
+            await connection.close()
+    except (OSError, asyncpg.PostgresError, TimeoutError):
+        return None
+
+
 async def wait_drained(database_url: str, timeout: float) -> bool:
     """Until no job is pending, processing or waiting for a retry (or ``timeout``)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        try:
-            connection = await asyncpg.connect(database_url, timeout=3)
-            try:
-                left = await connection.fetchval(f"SELECT count(*) FROM agora.jobs AS j WHERE {WAITING}")
-            finally:
-                await connection.close()
-            if left == 0:
-                return True
-        except (OSError, asyncpg.PostgresError, TimeoutError):
-            pass
+        if await waiting_jobs(database_url) == 0:
+            return True
         await asyncio.sleep(0.25)
     return False
+
+
+def drain_bound(backlog: int, before: float) -> float:
+    """How long the ``backlog`` left when the flow stops may take to drain: at half the
+    throughput measured before the fault in the same run (a busy machine slows both),
+    plus two leases (the jobs of a worker killed last wait for its lease) and 10 s for
+    retries and a replaced worker's start."""
+    return 2 * backlog / max(before, 1.0) + 2 * LEASE_SECONDS + 10.0
 
 
 async def wake_up_latency(database_url: str, ledger_dir: Path, timeout: float = 10.0) -> float:
@@ -416,10 +432,11 @@ class Result:
 
 async def measure_flow(
     scenario: str, size: Size, database_url: str, fleet: Fleet, ledger_dir: Path,
-    fault: Callable[[], Awaitable[dict[str, Any] | None]], *, drain_timeout: float = 90.0,
+    fault: Callable[[], Awaitable[dict[str, Any] | None]], *,
     after_drain: Callable[[], Awaitable[dict[str, Any]]] | None = None, supervise: bool = False,
 ) -> Result:
-    """Steady flow through ``fleet``: baseline, ``fault()``, recovery; then drain and tally.
+    """Steady flow through ``fleet``: baseline, ``fault()``, recovery; then drain (within
+    ``drain_bound`` of the backlog and the throughput before the fault) and tally.
     With ``supervise``, workers that die are replaced until the drain ends, as a process
     supervisor would (noted as ``workers_replaced``)."""
     producer = Producer(database_url, size.rate, size.job_seconds)
@@ -444,7 +461,11 @@ async def measure_flow(
     await asyncio.sleep(size.recovery)
     flow_end = time.time()
     await producer.stop()
-    drained = await wait_drained(database_url, drain_timeout)
+    before = rate(read_ledger(ledger_dir), fault_start - (size.baseline - 1.0), fault_start)
+    backlog = await waiting_jobs(database_url)
+    drain_started = time.monotonic()
+    drained = await wait_drained(database_url, drain_bound(backlog or 0, before))
+    notes["drain"] = f"{backlog} jobs in {time.monotonic() - drain_started:.1f} s"
     sampling = False
     await sampler
     if supervise:
@@ -454,7 +475,6 @@ async def measure_flow(
     codes = fleet.stop()
     executions = read_ledger(ledger_dir)
     counts = await tally(database_url, executions, fleet.killed, producer.acknowledged)
-    before = rate(executions, fault_start - (size.baseline - 1.0), fault_start)
     notes.update(drained=drained, stop_codes=codes, enqueue_retries=producer.failed_batches)
     return Result(
         scenario, size.name, counts, before=round(before, 1),

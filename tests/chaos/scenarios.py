@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import random
 import shutil
 import signal
@@ -30,6 +31,7 @@ from agora_pg.job_spec import JobSpec
 from tests.faults import PgBouncer, PgProxy, PrivateServer, free_port
 
 from .harness import (
+    LEASE_SECONDS,
     REPO,
     WORKER_MODULE,
     Fleet,
@@ -49,7 +51,6 @@ from .harness import (
     wake_up_latency,
 )
 
-LEASE_SECONDS = 2.0  # chaos_env's WORKER_LEASE_SECONDS
 
 
 class ScenarioSkipped(Exception):
@@ -178,14 +179,14 @@ async def limits_under_kills(setup: Setup, size: Size) -> Result:
 
 
 async def cancels_under_kills(setup: Setup, size: Size) -> Result:
-    """4 workers (lease 6 s) drain jobs of 1 s; during a storm that kills a random worker
+    """4 workers drain jobs of 1 s; during a storm that kills a random worker
     with SIGKILL every 1.5 s (and starts another), running jobs are cancelled through the
     API. Every acknowledged cancel must end ``cancelled`` (or ``done`` by the attempt it
     found, whose handler returned before the cancel reached it) with no attempt started
     after it, and the drain after the storm must run at least half as fast as before it."""
     full = size.name == "full"
     jobs, kills, cancels = (2000, 16, 100) if full else (600, 4, 20)
-    fleet, ledger = setup.fleet(WORKER_LEASE_SECONDS="6")
+    fleet, ledger = setup.fleet()
     api, base = await _start_api(setup, dict(fleet.env))
     fleet.start(4)
     await wait_workers(setup.database_url, 4)
@@ -310,8 +311,10 @@ async def postgres_restart(setup: Setup, size: Size, mode: str, down_seconds: fl
         pools.start(1)
         api, base = await _start_api(setup, fleet.env)
         back: list[float] = []
+        stopped: list[float] = []
 
         async def fault() -> dict[str, Any]:
+            stopped.append(time.time())
             await asyncio.to_thread(server.stop, mode)
             await asyncio.sleep(0.5)
             during = await _ready_status(base)
@@ -335,8 +338,16 @@ async def postgres_restart(setup: Setup, size: Size, mode: str, down_seconds: fl
             twice = await _ticks_succeeded_twice(connection)
         finally:
             await connection.close()
-    runs_after = sum(1 for run in _read_runs(ledger) if run["pipeline"] == "every_1s" and run["start"] > back[0])
-    result.notes.update(schedule_runs_after_restart=runs_after, pool_exit=pool_codes)
+    starts = sorted(run["start"] for run in _read_runs(ledger) if run["pipeline"] == "every_1s")
+    # every_1s's pace (the median gap between its runs' starts) after the restart, against
+    # its pace before the fault in the same run (a busy machine slows both alike)
+    gaps_before = [b - a for a, b in itertools.pairwise(start for start in starts if start < stopped[0])]
+    after = [start for start in starts if start > back[0]]
+    pace_before = statistics.median(gaps_before) if gaps_before else 1.0 + 0.3  # (too few: the schedule's own)
+    pace_after = statistics.median(b - a for a, b in itertools.pairwise(after)) if len(after) > 1 else None
+    runs_after = len(after)
+    result.notes.update(schedule_runs_after_restart=runs_after, pool_exit=pool_codes,
+                        every_1s_gap_s_before_after=f"{pace_before:.2f}/{pace_after or 0:.2f}")
     if result.notes["ready_during_outage"] != 503 or result.notes["ready_after"] != 200:
         result.extra_violations.append(f"/ready answered {result.notes['ready_during_outage']} during the "
                                        f"outage and {result.notes['ready_after']} after it (503, then 200)")
@@ -344,8 +355,9 @@ async def postgres_restart(setup: Setup, size: Size, mode: str, down_seconds: fl
         result.extra_violations.append(f"the API exited {api.returncode} at SIGTERM")
     if pool_codes != [0] or pools.killed:
         result.extra_violations.append(f"the WorkerPool did not live through the restart: exit {pool_codes}")
-    if runs_after < size.recovery / 2:
-        result.extra_violations.append(f"every_1s ran {runs_after} times after the restart ({size.recovery} s)")
+    if pace_after is None or runs_after < 3 or pace_after > 2 * pace_before:
+        result.extra_violations.append(f"every_1s ran {runs_after} times after the restart, a run every "
+                                       f"{pace_after} s against every {pace_before:.2f} s before the fault")
     if twice:
         result.extra_violations.append(f"schedule ticks that succeeded twice: {twice}")
     return result
@@ -832,30 +844,45 @@ async def event_burst(setup: Setup, size: Size) -> Result:
 
 
 async def bad_handlers(setup: Setup, size: Size) -> Result:
-    """Among a steady flow, jobs whose handlers hang past their timeout (async, and sync:
-    whose worker then stops to be restarted), kill their own process, or raise an error
-    with text PostgreSQL cannot hold. Workers that die are
-    replaced, as a process supervisor would. Each bad job must end ``failed`` with its
-    reason recorded; the flow goes on."""
+    """Among a steady flow, jobs whose handlers raise an error with text PostgreSQL cannot
+    hold, hang past their timeout (async, and sync: whose worker then stops to be
+    restarted), or kill their own process; workers that die are replaced, as a process
+    supervisor would. Each bad job must end ``failed`` with its own reason recorded, and
+    the flow goes on.
+
+    The worker whose sync thread is stuck stops as at SIGTERM: its other running attempts
+    end within the grace period and are recorded with their own outcomes; none is left for
+    its lease to expire (no ``WorkerLost``), and it holds no job when it exits. So that they
+    share its worker, the stuck job, two hang jobs and four 3 s jobs are enqueued in a
+    queue of their own (``stuck``), which only a fourth worker claims, started after them:
+    its first claim takes them together. They must end timed out, timed out, succeeded."""
     fleet, ledger = setup.fleet()
     fleet.start(3)
     await wait_workers(setup.database_url, 3)
     bad: dict[str, list[int]] = {}
+    beside: list[int] = []  # the 3 s jobs enqueued with the stuck one
 
     async def fault() -> dict[str, Any]:
         store = Store.open(Database(setup.database_url), pool_size=1)
         try:
-            # The poison jobs first, until they have failed: claimed in one batch with the
-            # exit jobs, they could die with their worker three times and end WorkerLost
-            # (as they should) instead of showing how their error text is recorded.
-            for kind, retries in (("poison", 0), ("hang", 1), ("hang_sync", 0), ("exit", 3)):
-                jobs = await store.jobs.enqueue([JobSpec(kind, {}, max_retries=retries) for _ in range(2)])
-                bad[kind] = [job.id for job, _ in jobs]
-                poison_ends = time.monotonic() + 10
-                while kind == "poison" and time.monotonic() < poison_ends:
-                    if all([(await store.jobs.get(job_id)).status.value == "failed" for job_id in bad[kind]]):
-                        break
-                    await asyncio.sleep(0.1)
+            # Each phase's jobs first end: claimed in one batch with the exit jobs, a bad job
+            # could die with its worker three times and end WorkerLost (as it should) instead
+            # of showing its own outcome.
+            for phase in (("poison",), ("hang_sync", "hang", "beside"), ("exit",)):
+                stuck = "hang_sync" in phase
+                specs = [JobSpec(kind, {"seconds": 3.0} if kind == "beside" else {}, queue="stuck" if stuck else "default",
+                                 max_retries=3 if kind == "exit" else 0)
+                         for kind in phase for _ in range({"beside": 4, "hang_sync": 1}.get(kind, 2))]
+                ids = [job.id for job, _ in await store.jobs.enqueue(specs)]
+                for spec, job_id in zip(specs, ids):
+                    (beside if spec.kind == "beside" else bad.setdefault(spec.kind, [])).append(job_id)
+                if stuck:  # the only worker of the queue "stuck" (its replacement claims "default" only)
+                    default_env = fleet.env
+                    fleet.env = {**default_env, "WORKER_QUEUES": "default,stuck"}
+                    fleet.start(1)
+                    fleet.env = default_env
+                if phase != ("exit",):
+                    await _until(lambda: _all_ended(store, ids), lambda ended: ended, 60)
         finally:
             await store.close()
         await asyncio.sleep(size.fault)  # (dead workers are replaced by measure_flow's supervision)
@@ -869,20 +896,27 @@ async def bad_handlers(setup: Setup, size: Size) -> Result:
         connection = await asyncpg.connect(setup.database_url)
         try:
             rows = await connection.fetch("SELECT id, kind, status, error_message, lost_count FROM agora.jobs "
-                                          "WHERE kind <> 'work' ORDER BY id")
+                                          "WHERE kind NOT IN ('work', 'beside') ORDER BY id")
+            stuck = await connection.fetchval("SELECT worker_id FROM agora.runs WHERE job_id = $1", bad["hang_sync"][0])
+            of_stuck = await connection.fetch(
+                "SELECT r.job_id, j.kind, r.status, r.error_type FROM agora.runs AS r JOIN agora.jobs AS j "
+                "ON j.id = r.job_id WHERE r.worker_id = $1 AND r.job_id <> $2 ORDER BY r.id", stuck, bad["hang_sync"][0])
+            still_held = await connection.fetchval("SELECT count(*) FROM agora.jobs WHERE locked_by = $1", stuck)
         finally:
             await connection.close()
         outcomes = {f"{row['kind']}": f"{row['status']}" for row in rows}
-        return {"bad_jobs": outcomes, "_bad_rows": [dict(row) for row in rows]}
+        return {"bad_jobs": outcomes, "_bad_rows": [dict(row) for row in rows],
+                "_of_stuck": [dict(row) for row in of_stuck], "_still_held": still_held}
 
     result = await measure_flow("bad_handlers", size, setup.database_url, fleet, ledger, fault, after_drain=after,
                                 supervise=True)
     rows = result.notes.pop("_bad_rows")
+    of_stuck, still_held = result.notes.pop("_of_stuck"), result.notes.pop("_still_held")
     for row in rows:
         if row["status"] != "failed" or not row["error_message"]:
             result.extra_violations.append(f"{row['kind']} job {row['id']} ended {row['status']}")
         elif row["kind"] == "hang" and "JobTimeout" not in row["error_message"]:
-            result.extra_violations.append(f"hang job {row['id']}: {row['error_message'][:80]}")
+            result.extra_violations.append(f"hang job {row['id']}: {row['error_message'][:200]}")
         elif row["kind"] == "hang_sync" and not ("JobTimeout" in row["error_message"]
                                                  and "was left running" in row["error_message"]):
             result.extra_violations.append(f"hang_sync job {row['id']}: {row['error_message'][:200]}")
@@ -890,7 +924,25 @@ async def bad_handlers(setup: Setup, size: Size) -> Result:
             result.extra_violations.append(f"exit job {row['id']}: lost_count {row['lost_count']}")
         elif row["kind"] == "poison" and "ValueError: bad" not in row["error_message"]:
             result.extra_violations.append(f"poison job {row['id']}: {row['error_message'][:80]}")
+    # the stuck worker's other attempts: each recorded with its own outcome, none left to its lease
+    result.notes["beside_the_stuck_thread"] = ", ".join(
+        f"{run['kind']} {run['status']}" for run in of_stuck if run["kind"] in ("hang", "beside")) or "none"
+    lost = [run for run in of_stuck if run["status"] == "abandoned"]
+    if lost or still_held:
+        result.extra_violations.append(f"the worker stopped for a stuck thread left attempts to their leases: "
+                                       f"{lost[:5]}, {still_held} jobs still held")
+    if not any(run["kind"] == "beside" and run["status"] == "succeeded" for run in of_stuck):
+        result.extra_violations.append(f"no job ran beside the stuck thread in its worker: the test proves little "
+                                       f"({of_stuck[:10]})")
     return result
+
+
+async def _all_ended(store: Store, ids: list[int]) -> bool:
+    """Whether every one of these jobs is done, cancelled, or failed for good."""
+    jobs = [await store.jobs.get(job_id) for job_id in ids]
+    return all(job.status.value in ("done", "cancelled")
+               or job.status.value == "failed" and job.retry_count >= (3 if job.max_retries is None else job.max_retries)
+               for job in jobs)
 
 
 async def schedules_under_faults(setup: Setup, size: Size) -> Result:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import linecache
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 from agora_pg.db.job_rows import JobFinish
 from agora_pg.db.store import Store
@@ -13,13 +15,27 @@ from agora_pg.settings import Settings
 from agora_pg.worker import Worker
 
 
-async def wait_until(predicate: Callable[[], Awaitable[bool]], timeout: float = 10.0, interval: float = 0.05) -> None:
-    """Poll ``predicate`` until it is true; fail the test after ``timeout`` seconds."""
+async def wait_until(predicate: Callable[[], Awaitable[bool]], timeout: float = 30.0, interval: float = 0.05,
+                     what: str | None = None) -> None:
+    """Poll ``predicate`` until it is true; fail the test after ``timeout`` seconds with a
+    message naming what was awaited (``what``, else the predicate's source line)."""
     deadline = asyncio.get_running_loop().time() + timeout
     while not await predicate():
         if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
+            raise AssertionError(f"not met within {timeout}s: {what or described(predicate)}")
         await asyncio.sleep(interval)
+
+
+def described(function: Callable[..., object]) -> str:
+    """Where ``function`` is written and its first line (a lambda's is the call it sits in)."""
+    code = getattr(function, "__code__", None)
+    if code is None:
+        return repr(function)
+    try:
+        line = linecache.getline(code.co_filename, code.co_firstlineno).strip()
+    except OSError:  # pragma: no cover - a file gone since
+        line = ""
+    return f"{Path(code.co_filename).name}:{code.co_firstlineno}: {line or function.__qualname__}"
 
 
 @contextlib.asynccontextmanager

@@ -140,7 +140,7 @@ async def test_wait_times_out_leaving_the_job_alone_and_an_unknown_job_is_not_fo
     started = time.monotonic()
     with pytest.raises(TimeoutError):
         await queue.wait(job.id, timeout=0.5)
-    assert 0.4 < time.monotonic() - started < 5
+    assert time.monotonic() - started >= 0.45  # it waited its timeout (a lower bound: load only adds to it)
     assert (await queue.get(job.id)).status is JobStatus.PENDING
     with pytest.raises(JobNotFound):
         await queue.wait(10**12, timeout=1)

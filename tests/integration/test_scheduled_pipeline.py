@@ -554,12 +554,13 @@ async def test_trigger_and_resume_wake_a_sleeping_pipeline_at_once(store: Store,
         await wait_until(lambda: _count(recorder, 1), timeout=10)  # every() runs at start, then sleeps an hour
         await asyncio.sleep(0.5)  # asleep now, for up to MAX_IDLE_WAIT (30 s) without a notification
         await store.schedules.trigger("hourly")
-        await wait_until(lambda: _count(recorder, 2), timeout=5)
-        await wait_until(lambda: _idle(store, "hourly"), timeout=5)
+        # (well inside the 30 s it would sleep: the trigger woke it)
+        await wait_until(lambda: _count(recorder, 2), timeout=20)
+        await wait_until(lambda: _idle(store, "hourly"), timeout=20)
         await store.schedules.pause("hourly")
         await store.schedules.resume("hourly")
         await store.schedules.trigger("hourly")
-        await wait_until(lambda: _count(recorder, 3), timeout=5)
+        await wait_until(lambda: _count(recorder, 3), timeout=20)
     finally:
         pool.stop()
         await asyncio.wait_for(task, 15)

@@ -370,8 +370,8 @@ async def test_running_worker_rescues_jobs_of_a_dead_worker(queue: Queue, store:
 
     job = await queue.enqueue("noop")
     await store.jobs.claim(["default"], 1, "dead-worker", 1)  # a one-second lease nobody renews
-    async with running(Worker({"noop": noop}, settings=settings.replace(lease_seconds=2))):
-        await wait_until(lambda: _is(store, job.id, JobStatus.DONE), timeout=15)
+    async with running(Worker({"noop": noop}, settings=settings.replace(lease_seconds=6))):  # (a rescue round every 0.6 s)
+        await wait_until(lambda: _is(store, job.id, JobStatus.DONE), timeout=30)
     assert [run[1] for run in await runs_of(store, job.id)] == ["abandoned", "succeeded"]
 
 

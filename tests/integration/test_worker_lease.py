@@ -188,7 +188,7 @@ async def test_a_worker_runs_a_job_held_in_its_name_that_it_did_not_know_of(stor
     async def record(job: Job, resources: Any) -> None:
         seen.append(job.id)
 
-    worker = Worker({"record": record}, settings=settings.replace(lease_seconds=1.5, notifications=False,
+    worker = Worker({"record": record}, settings=settings.replace(lease_seconds=3, notifications=False,
                                                                    poll_seconds=60))
     async with running(worker):
         await wait_until(lambda: _has_worker_lease(store, worker.id))
@@ -198,7 +198,7 @@ async def test_a_worker_runs_a_job_held_in_its_name_that_it_did_not_know_of(stor
                 "VALUES ('record', 'record', 'processing', $1, 1, now() - interval '2 seconds') RETURNING id",
                 worker.id,
             )
-        await wait_until(lambda: _is_done(store, job_id), timeout=10)
+        await wait_until(lambda: _is_done(store, job_id), timeout=30)
     assert seen == [job_id]
     async with store.connection() as connection:
         runs = await connection.fetch("SELECT attempt, status FROM agora.runs WHERE job_id = $1", job_id)
@@ -219,16 +219,18 @@ async def test_a_job_longer_than_many_leases_runs_once_under_the_worker_lease(
     """Jobs claimed between two renewals, and before the first one, keep running: the
     worker's lease covers them all, and each renewal moves their fences on."""
     async def slow(job: Job, resources: Any) -> None:
-        await asyncio.sleep(4)
+        await asyncio.sleep(10)
 
-    worker = Worker({"slow": slow}, settings=settings.replace(lease_seconds=1.2, concurrency=4))
+    # (leases of 3 s, renewed every second, an attempt stopped after 2.25 s without a
+    # renewal: each job outlives three of them, and a busy machine's stall of 2 s is survived)
+    worker = Worker({"slow": slow}, settings=settings.replace(lease_seconds=3, concurrency=4))
     jobs = [await queue.enqueue("slow")]
     async with running(worker):
         for _ in range(3):  # claimed at different points of the renewal cycle
             await asyncio.sleep(0.25)
             jobs.append(await queue.enqueue("slow"))
         for job in jobs:
-            await wait_until(lambda job=job: _is_done(store, job.id), timeout=20)  # type: ignore[misc]
+            await wait_until(lambda job=job: _is_done(store, job.id), timeout=60)  # type: ignore[misc]
     async with store.connection() as connection:
         runs = await connection.fetch(
             "SELECT job_id, status FROM agora.runs WHERE job_id = ANY($1::bigint[]) ORDER BY job_id",
