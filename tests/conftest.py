@@ -33,8 +33,9 @@ from agora_pg.settings import Settings
 ROOT = Path(__file__).resolve().parent.parent
 # The embedded test server's connection slots: at most 6 xdist workers at once, two of them
 # running chaos scenarios (up to 5 worker processes of about 8 connections each, an API, a
-# producer, the scenario's own) and the others acceptance tests with a few processes each,
-# measured at about 130 at the busiest; PostgreSQL's default of 100 refused some ("too many
+# producer, the scenario's own) and the others acceptance tests with a few processes each:
+# the most seen at once was 75 on a quiet machine and 94 beside two busy processes
+# (tests/load.sh), against PostgreSQL's default of 100, which then refused some ("too many
 # clients already"). Each slot costs the server a few kilobytes of shared memory.
 TEST_MAX_CONNECTIONS = 400
 

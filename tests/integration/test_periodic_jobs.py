@@ -15,6 +15,8 @@ from agora_pg.api import create_app
 from agora_pg.db.store import Store
 from agora_pg.runner import PeriodicJob, Schedule, WorkerPool
 
+from .helpers import wait_until
+
 SEEN: list[dict[str, Any]] = []
 
 
@@ -35,7 +37,13 @@ async def test_two_pools_enqueue_one_job_per_tick_and_a_worker_runs_them(
         Worker({"report": report}, settings=settings.replace(queues=("reports",))))
     second = WorkerPool(settings=settings).register(periodic())  # another process registering the same job
     tasks = [asyncio.create_task(pool.run(handle_signals=False)) for pool in (first, second)]
-    await asyncio.sleep(4.5)
+
+    async def three_done() -> bool:
+        async with store.connection() as connection:
+            return int(await connection.fetchval("SELECT count(*) FROM agora.jobs WHERE kind = 'report' "
+                                                 "AND status = 'done'")) >= 3
+
+    await wait_until(three_done, timeout=60, what="three ticks' jobs done")
     for pool in (first, second):
         pool.stop()
     await asyncio.wait_for(asyncio.gather(*tasks), 20)
