@@ -15,6 +15,7 @@ import asyncio
 import dataclasses
 import logging
 import random
+from collections.abc import Callable
 
 from agora_pg.db.job_rows import JobFinish
 from agora_pg.db.store import Store
@@ -42,7 +43,8 @@ _RUN_STATUS = {OutcomeKind.SUCCEEDED: "succeeded", OutcomeKind.FAILED: "failed",
 
 
 class Completer:
-    """Collects outcomes from attempts and writes them in batches."""
+    """Collects outcomes from attempts and writes them in batches; ``on_settled`` is told
+    of the attempts whose outcome is settled (written, or taken over by another worker)."""
 
     def __init__(
         self,
@@ -51,6 +53,7 @@ class Completer:
         settings: Settings,
         supervisor: LeaseSupervisor | None,
         rng: random.Random,
+        on_settled: Callable[[list[Attempt]], None] | None = None,
     ) -> None:
         self._store = store
         self._worker_id = worker_id
@@ -59,6 +62,7 @@ class Completer:
         self._backoff = BackoffPolicy(settings.retry_backoff_seconds, settings.retry_backoff_max_seconds)
         self._supervisor = supervisor
         self._rng = rng
+        self._on_settled = on_settled
         self._pending: list[Attempt] = []  # finished attempts, each with its outcome
         self._writing = 0  # outcomes in the statement being written now
         self.has_pending = asyncio.Event()
@@ -139,6 +143,8 @@ class Completer:
     def _settle(self, entries: list[Attempt], written: set[int]) -> FlushResult:
         if self._supervisor is not None:
             self._supervisor.release(entries)
+        if self._on_settled is not None:
+            self._on_settled(entries)
         _count_recorded(entries, written)
         superseded = [attempt for attempt in entries if attempt.job.id not in written]
         for attempt in superseded:

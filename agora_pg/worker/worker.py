@@ -191,7 +191,8 @@ class _WorkerRun:
         self.settings = settings
         self.resources = resources
         self.supervisor = supervisor
-        self.completer = Completer(store, worker.id, settings, supervisor, random.Random())
+        self.completer = Completer(store, worker.id, settings, supervisor, random.Random(),
+                                   on_settled=self._outcomes_settled)
         self.progress = ProgressReporter(store, worker.id)
         self.rescuer = JobRescuer(store, settings.max_lost_attempts, settings.max_retries,
                                   lease_seconds=settings.lease_seconds)
@@ -492,12 +493,19 @@ class _WorkerRun:
         finally:
             if not attempt.in_thread or attempt.given_up:
                 self.running.discard(attempt)
-                if attempt.job.lost_count >= self.suspect_lost:
-                    self.suspects_running -= 1
+                if attempt.job.lost_count >= self.suspect_lost and attempt.outcome is None:
+                    self.suspects_running -= 1  # (one with an outcome counts until it is written)
                 # The outcome may wait a while to be written: let the task (and its context)
                 # go now rather than keep thousands alive for the garbage collector to scan.
                 attempt.task = None
             self.worker._wakeup.set()
+
+    def _outcomes_settled(self, attempts: list[Attempt]) -> None:
+        """Suspects whose outcome is written (or taken over) no longer count as running
+        here. Until then a suspect whose handler returned is still at risk: a job that
+        kills the process would take its unwritten outcome with it and charge it a lost
+        attempt, so a second suspect is not claimed beside it."""
+        self.suspects_running -= sum(1 for attempt in attempts if attempt.job.lost_count >= self.suspect_lost)
 
     async def _enforce_timeouts(self) -> None:
         """Stop attempts past their deadline (one sweep every ``TIMEOUT_SWEEP_SECONDS``

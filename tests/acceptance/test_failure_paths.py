@@ -391,7 +391,7 @@ async def test_a_job_that_kills_its_process_fails_alone_and_its_neighbours_keep_
     deaths = 0
     deadline = time.monotonic() + 120
     while not (await all_done(database_url, 200) and await status_of(database_url, killer.id) == "failed"):
-        assert time.monotonic() < deadline, "the jobs did not settle"
+        assert time.monotonic() < deadline, f"the jobs did not settle: {await _unsettled(database_url)}"
         for index, worker in enumerate(workers):
             if not alive(worker):
                 deaths += 1
@@ -417,6 +417,22 @@ async def test_a_job_that_kills_its_process_fails_alone_and_its_neighbours_keep_
     finally:
         await connection.close()
     assert charged == 0  # neighbours lost at most an attempt each, never their retries
+
+
+async def _unsettled(url: str) -> str:
+    """The jobs not done, with the workers (for a failure's message)."""
+    connection = await asyncpg.connect(url)
+    try:
+        jobs = await connection.fetch("SELECT id, kind, status, attempt, lost_count, locked_by, run_at > now() AS later, "
+                                      "lease_expires_at FROM agora.jobs WHERE status <> 'done' ORDER BY id LIMIT 20")
+        workers = await connection.fetch("SELECT id, pid, stopped_at, lease_expires_at, lease_expires_at < now() "
+                                         "AS expired FROM agora.workers ORDER BY started_at")
+        runs = await connection.fetch("SELECT job_id, attempt, worker_id, status, started_at, finished_at FROM agora.runs "
+                                      "WHERE job_id = ANY($1::bigint[]) ORDER BY job_id, id", [row["id"] for row in jobs])
+    finally:
+        await connection.close()
+    return (f"jobs {[dict(row) for row in jobs]}; workers {[dict(row) for row in workers]}; "
+            f"runs {[dict(row) for row in runs]}")
 
 
 async def test_a_sync_handler_still_running_at_shutdown_is_not_released_beside_its_thread(

@@ -436,6 +436,36 @@ async def test_a_slot_stays_taken_until_its_outcome_is_written(
         await blocker.close()
 
 
+async def test_a_suspect_counts_as_running_until_its_outcome_is_written(
+    queue: Queue, store: Store, settings: Settings, database_url: str
+) -> None:
+    """Two jobs that lost all but their last attempt ("suspects": one may kill its worker)
+    run one at a time per worker, and one whose handler has returned still counts until its
+    outcome is written: were its worker killed meanwhile by a job claimed beside it, its
+    attempt would be lost with the process and the job failed for good."""
+    import asyncpg
+
+    async def quick(_job: Job, _resources: Any) -> None:
+        return None
+
+    jobs = await queue.enqueue_many([JobSpec("quick") for _ in range(2)])
+    async with store.connection() as connection:
+        await connection.execute("UPDATE agora.jobs SET lost_count = $1", settings.max_lost_attempts - 1)
+    blocker = await asyncpg.connect(database_url)
+    try:
+        locked = blocker.transaction()
+        await locked.start()
+        await blocker.execute("LOCK TABLE agora.runs IN EXCLUSIVE MODE")  # completions wait; claims do not
+        async with running(Worker({"quick": quick}, settings=settings.replace(concurrency=4))):
+            await wait_until(lambda: _claimed_at_least(store, 1))
+            await asyncio.sleep(1.5)  # several poll intervals: time enough to claim the other if it would
+            assert await _claimed(store) == 1
+            await locked.rollback()
+            await wait_until(lambda: _all_done(store, [job.id for job in jobs]))
+    finally:
+        await blocker.close()
+
+
 async def _claimed(store: Store) -> int:
     async with store.connection() as connection:
         return int(await connection.fetchval("SELECT count(*) FROM agora.jobs WHERE attempt > 0"))
