@@ -4,7 +4,7 @@ import asyncio
 import contextlib
 import random
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -415,23 +415,31 @@ async def test_a_slot_stays_taken_until_its_outcome_is_written(
     """While outcomes cannot be written (agora.runs is locked), a worker at concurrency 2
     claims no more than 2 jobs, however fast its handlers return: what it holds in memory,
     and what would run again if it died, is bounded by its concurrency."""
-    import asyncpg
-
     async def quick(_job: Job, _resources: Any) -> None:
         return None
 
     jobs = await queue.enqueue_many([JobSpec("quick") for _ in range(10)])
-    blocker = await asyncpg.connect(database_url)
-    try:
-        locked = blocker.transaction()
-        await locked.start()
-        await blocker.execute("LOCK TABLE agora.runs IN EXCLUSIVE MODE")  # completions wait; claims do not
+    async with _outcomes_blocked(database_url) as unblock:
         async with running(Worker({"quick": quick}, settings=settings.replace(concurrency=2))):
             await wait_until(lambda: _claimed_at_least(store, 2))
             await asyncio.sleep(1.5)  # several poll intervals: time enough to claim more if it would
             assert await _claimed(store) == 2
-            await locked.rollback()
+            await unblock()
             await wait_until(lambda: _all_done(store, [job.id for job in jobs]))
+
+
+@contextlib.asynccontextmanager
+async def _outcomes_blocked(database_url: str) -> AsyncIterator[Callable[[], Awaitable[None]]]:
+    """``agora.runs`` locked, so that outcomes wait (claims do not), until the block ends or
+    the function it yields is awaited."""
+    import asyncpg
+
+    blocker = await asyncpg.connect(database_url)
+    try:
+        locked = blocker.transaction()
+        await locked.start()
+        await blocker.execute("LOCK TABLE agora.runs IN EXCLUSIVE MODE")
+        yield locked.rollback
     finally:
         await blocker.close()
 
@@ -443,27 +451,19 @@ async def test_a_suspect_counts_as_running_until_its_outcome_is_written(
     run one at a time per worker, and one whose handler has returned still counts until its
     outcome is written: were its worker killed meanwhile by a job claimed beside it, its
     attempt would be lost with the process and the job failed for good."""
-    import asyncpg
-
     async def quick(_job: Job, _resources: Any) -> None:
         return None
 
     jobs = await queue.enqueue_many([JobSpec("quick") for _ in range(2)])
     async with store.connection() as connection:
         await connection.execute("UPDATE agora.jobs SET lost_count = $1", settings.max_lost_attempts - 1)
-    blocker = await asyncpg.connect(database_url)
-    try:
-        locked = blocker.transaction()
-        await locked.start()
-        await blocker.execute("LOCK TABLE agora.runs IN EXCLUSIVE MODE")  # completions wait; claims do not
+    async with _outcomes_blocked(database_url) as unblock:
         async with running(Worker({"quick": quick}, settings=settings.replace(concurrency=4))):
             await wait_until(lambda: _claimed_at_least(store, 1))
             await asyncio.sleep(1.5)  # several poll intervals: time enough to claim the other if it would
             assert await _claimed(store) == 1
-            await locked.rollback()
+            await unblock()
             await wait_until(lambda: _all_done(store, [job.id for job in jobs]))
-    finally:
-        await blocker.close()
 
 
 async def _claimed(store: Store) -> int:
