@@ -131,8 +131,12 @@ async def test_a_restarted_worker_keeps_the_error_counter_and_next_run(
     port = free_port()
     first = start_pool(processes, database_url, "--health-port", str(port), PIPELINE_FAIL="1", PIPELINE_BACKOFF="60")
     await eventually(lambda: _statuses_are(database_url, ["failed"]), 30, "the first failure")
-    status, body = await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/ready")
-    assert status == 200 and body["pipelines"]["acceptance"]["consecutive_errors"] == 1
+
+    async def ready_counts_one_error() -> bool:  # (the pool reads its schedules' rows at its next pass)
+        status, body = await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/ready")
+        return status == 200 and body["pipelines"]["acceptance"]["consecutive_errors"] == 1
+
+    await eventually(ready_counts_one_error, 30, "/ready answering 200 with consecutive_errors 1")
     code, output = stop(first)
     assert code == 0, output
     before = (await fetch(database_url, "SELECT consecutive_errors, next_run_at FROM agora.schedules"))[0]
