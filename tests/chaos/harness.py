@@ -86,13 +86,14 @@ class Fleet:
         self.killed: dict[int, float] = {}  # pid -> when it was killed (or found dead)
         self.peak_rss = 0
 
-    def start(self, count: int = 1) -> None:
+    def start(self, count: int = 1, **env: str) -> None:
+        """Start ``count`` workers, with ``env`` over the fleet's environment for these only."""
         for _ in range(count):
             name = f"{self.module.rsplit('.', 1)[-1]}-{len(self.workers)}.log"
             log = open(self.log_dir / name, "wb")  # noqa: SIM115 - the child's
             process = subprocess.Popen(
                 [sys.executable, "-m", "agora_pg.cli", "worker", "--module", self.module],
-                env=self.env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                env={**self.env, **env}, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )
             log.close()
             self.track(process)
@@ -349,12 +350,14 @@ def recovery_seconds(executions: list[Execution], baseline: float, fault_end: fl
     return None
 
 
-async def waiting_jobs(database_url: str) -> int | None:
-    """How many jobs are pending, processing or waiting for a retry (None: no answer)."""
+async def waiting_jobs(database_url: str, ids: list[int] | None = None) -> int | None:
+    """How many jobs (of ``ids``, if given) are pending, processing or waiting for a retry
+    (None: no answer)."""
     try:
         connection = await asyncpg.connect(database_url, timeout=3)
         try:
-            return int(await connection.fetchval(f"SELECT count(*) FROM agora.jobs AS j WHERE {WAITING}"))
+            return int(await connection.fetchval(
+                f"SELECT count(*) FROM agora.jobs AS j WHERE {WAITING} AND ($1::bigint[] IS NULL OR j.id = ANY($1))", ids))
         finally:
             await connection.close()
     except (OSError, asyncpg.PostgresError, TimeoutError):

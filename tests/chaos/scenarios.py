@@ -48,6 +48,7 @@ from .harness import (
     tally,
     wait_drained,
     wait_workers,
+    waiting_jobs,
     wake_up_latency,
 )
 
@@ -641,11 +642,8 @@ async def network_stall(setup: Setup, size: Size) -> Result:
     try:
         fleet, ledger = setup.fleet(WORKER_SHUTDOWN_TIMEOUT="3")
         fleet.start(1)
-        direct_env = fleet.env
-        fleet.env = {**fleet.env, "AGORA_PG_DATABASE_URL": proxy.url(dbname)}
-        fleet.start(1)
+        fleet.start(1, AGORA_PG_DATABASE_URL=proxy.url(dbname))
         stalled = fleet.workers[-1]
-        fleet.env = direct_env
         await wait_workers(setup.database_url, 2)
 
         async def fault() -> dict[str, Any]:
@@ -880,12 +878,9 @@ async def bad_handlers(setup: Setup, size: Size) -> Result:
                 for spec, job_id in zip(specs, ids):
                     (beside if spec.kind == "beside" else bad.setdefault(spec.kind, [])).append(job_id)
                 if stuck:  # the only worker of the queue "stuck" (its replacement claims "default" only)
-                    default_env = fleet.env
-                    fleet.env = {**default_env, "WORKER_QUEUES": "default,stuck"}
-                    fleet.start(1)
-                    fleet.env = default_env
-                if phase != ("exit",):
-                    await _until(lambda: _all_ended(store, ids), lambda ended: ended, 60)
+                    fleet.start(1, WORKER_QUEUES="default,stuck")
+                if phase != ("exit",):  # (until none of them waits, runs or waits for a retry)
+                    await _until(lambda: waiting_jobs(setup.database_url, ids), lambda left: left == 0, 60)
         finally:
             await store.close()
         await asyncio.sleep(size.fault)  # (dead workers are replaced by measure_flow's supervision)
@@ -938,14 +933,6 @@ async def bad_handlers(setup: Setup, size: Size) -> Result:
         result.extra_violations.append(f"no job ran beside the stuck thread in its worker: the test proves little "
                                        f"({of_stuck[:10]})")
     return result
-
-
-async def _all_ended(store: Store, ids: list[int]) -> bool:
-    """Whether every one of these jobs is done, cancelled, or failed for good."""
-    jobs = [await store.jobs.get(job_id) for job_id in ids]
-    return all(job.status.value in ("done", "cancelled")
-               or job.status.value == "failed" and job.retry_count >= (3 if job.max_retries is None else job.max_retries)
-               for job in jobs)
 
 
 async def schedules_under_faults(setup: Setup, size: Size) -> Result:
