@@ -17,6 +17,7 @@ INT32_MAX = 2**31 - 1
 MAX_TEXT = 1000  # kind, name, queue and dedup_key are identifiers, not documents
 MAX_QUEUE = 100  # queue names are metric labels too
 DEFAULT_QUEUE = "default"
+RESERVED_QUEUE_PREFIX = "agora:"  # queues of agora-pg's own (its scheduler's runs): no public producer writes them
 # Times the database and every client can hold (PostgreSQL would turn year 1 into
 # -infinity; years past 9999 overflow Python's datetime).
 EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
@@ -113,6 +114,14 @@ class JobSpec:
             self.dedup_key,
             self.timeout_seconds,
         )
+
+
+def refuse_reserved_queue(spec: JobSpec) -> JobSpec:
+    """``spec``, unless its queue is one of agora-pg's own (``InvalidJob`` then)."""
+    if spec.queue is not None and spec.queue.startswith(RESERVED_QUEUE_PREFIX):
+        raise InvalidJob("queue", f"queue names beginning {RESERVED_QUEUE_PREFIX!r} are agora-pg's own "
+                                  f"(its scheduler's runs), got {spec.queue!r}")
+    return spec
 
 
 def batch_columns(specs: Sequence[JobSpec], default_max_retries: int | None = None) -> tuple[Any, ...]:

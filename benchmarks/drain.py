@@ -42,7 +42,7 @@ from agora_pg.settings import Settings, load_settings
 ROOT = Path(__file__).resolve().parent.parent
 UNFINISHED_LEFT = (  # each part reads one partial index (the first one in its order)
     "SELECT (SELECT id FROM agora.jobs WHERE (status = 'pending' OR (status = 'failed' "
-    "AND retry_count < max_retries)) AND NOT delayed ORDER BY queue, priority DESC, run_at, id LIMIT 1) IS NOT NULL "
+    "AND retry_count < max_retries)) AND NOT delayed ORDER BY queue, kind, priority DESC, run_at, id LIMIT 1) IS NOT NULL "
     "OR EXISTS (SELECT 1 FROM agora.jobs WHERE delayed) "
     "OR EXISTS (SELECT 1 FROM agora.jobs WHERE status = 'processing')"
 )

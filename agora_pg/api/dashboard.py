@@ -141,7 +141,11 @@ class DashboardFragments(Controller):
             entry["oldest"] = "none due" if entry["age"] is None else age_text(entry["age"])
         throughput = per_minute(await store.read_rows(queries.DASHBOARD_THROUGHPUT), time.time())
         schedules = await store.read_rows(queries.DASHBOARD_SCHEDULES)
+        unhandled = await store.workers.unhandled_jobs()
+        now = time.time()
         return Template("fragments/overview.html", context={
+            "unhandled": [{**dataclasses.asdict(waiting), "age": age_text(max(0.0, now - waiting.since.timestamp()))}
+                          for waiting in unhandled],
             "queues": queues,
             "throughput": throughput,
             "totals": {"succeeded": sum(throughput[1]), "failed": sum(throughput[2])},

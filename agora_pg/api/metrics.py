@@ -88,6 +88,10 @@ def render_metrics(snapshot: MetricsSnapshot, process: Collector | None = None) 
         if queue_limits.rate is not None:
             queue_rate.labels(queue=label_value(queue)).set(queue_limits.rate[0])
             queue_rate_seconds.labels(queue=label_value(queue)).set(queue_limits.rate[1])
+    unhandled = Gauge("agora_jobs_unhandled", "Claimable jobs of a queue and kind that no live worker handles: "
+                      "they wait for one (the most waiting pairs are named).", ["queue", "kind"], registry=registry)
+    for waiting in snapshot.unhandled[:MAX_QUEUE_LABELS]:
+        unhandled.labels(queue=label_value(waiting.queue), kind=label_value(waiting.kind)).set(waiting.jobs)
     for limit in snapshot.kind_limits:
         for name, gauge in limits.items():
             if getattr(limit, name) is not None:  # (a limit not set has no sample)

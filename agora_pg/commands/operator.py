@@ -20,6 +20,7 @@ from agora_pg.job_spec import JobSpec
 from agora_pg.jobs import Job, JobStatus, RunStatus, possible_job_id
 from agora_pg.retention import Retention, parse_age
 from agora_pg.settings import Settings, load_settings
+from agora_pg.worker.handlers import apply_kinds
 
 JOB_HEADERS = ("id", "kind", "queue", "status", "retries", "run_at", "finished_at", "error")
 SCHEDULE_HEADERS = ("pipeline_id", "schedule", "enqueues", "state", "next_run_at", "errors", "last_status",
@@ -38,9 +39,13 @@ async def operator_store(pool_size: int = 1) -> AsyncIterator[tuple[Store, Setti
             await store.close()
 
 
-def job_row(job: Job) -> tuple[object, ...]:
+def job_row(job: Job, unhandled: frozenset[tuple[str, str]] = frozenset()) -> tuple[object, ...]:
+    """A job's row; a claimable one of a (queue, kind) in ``unhandled`` says that it waits for a worker."""
     retries = f"{job.retry_count}/{job.max_retries if job.max_retries is not None else '-'}"
-    return (job.id, job.kind, job.queue, job.status.value, retries, job.run_at, job.finished_at, job.error_message)
+    status = job.status.value
+    if (job.queue, job.kind) in unhandled and job.status is not JobStatus.PROCESSING and not job.is_finished:
+        status += " (no worker handles its kind)"
+    return (job.id, job.kind, job.queue, status, retries, job.run_at, job.finished_at, job.error_message)
 
 
 def run_row(run: RunRow) -> tuple[object, ...]:
@@ -92,7 +97,7 @@ async def submit(kind: str, payload: str, queue: str, priority: int, run_at: str
                    run_at=parse_time("--run-at", run_at), max_retries=max_retries, dedup_key=dedup_key,
                    timeout_seconds=timeout)
     async with operator_store() as (store, settings):
-        [(job, created)] = await store.jobs.enqueue([spec], None, settings.max_retries)
+        [(job, created)] = await store.jobs.enqueue(apply_kinds({}, [spec]), None, settings.max_retries)
     note = "" if created else f"\n(a live job with dedup key {dedup_key!r} already existed)"
     return render_table(JOB_HEADERS, [job_row(job)]) + note
 
@@ -101,7 +106,8 @@ async def list_jobs(status: str | None, kind: str | None, queue: str | None, lim
     filters = {"status": parse_choice("--status", status, JobStatus), "kind": kind, "queue": queue}
     async with operator_store() as (store, _settings):
         jobs = await store.jobs.search(filters, _limit(limit))
-    return render_table(JOB_HEADERS, [job_row(job) for job in jobs])
+        unhandled = frozenset((waiting.queue, waiting.kind) for waiting in await store.workers.unhandled_jobs())
+    return render_table(JOB_HEADERS, [job_row(job, unhandled) for job in jobs])
 
 
 async def show_job(job_id: int) -> str:

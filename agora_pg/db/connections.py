@@ -7,8 +7,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Mapping
+from typing import Any, Protocol
 
 import asyncpg
+
+
+class StatementRunner(Protocol):
+    """What the table classes (``store.jobs``, ``.runs``, ``.schedules``, ``.workers``) need
+    of the ``Store`` that owns them: its statements, run on its connections."""
+
+    def connection(self) -> contextlib.AbstractAsyncContextManager[asyncpg.Connection]: ...
+
+    async def execute(self, sql: str, *args: Any) -> None: ...
+
+    async def fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]: ...
 
 # (TimeoutError is an OSError: a call past its deadline leaves its connection in an
 # unknown state, like a broken one.)

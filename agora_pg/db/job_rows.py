@@ -67,6 +67,17 @@ class JobFinish:
 
 
 @dataclasses.dataclass(frozen=True)
+class UnhandledJobs:
+    """Claimable jobs of one queue and kind that no live worker handles: they wait for
+    one (``queries.UNHANDLED_JOBS``). ``since``: the oldest one's due time."""
+
+    queue: str
+    kind: str
+    jobs: int
+    since: datetime
+
+
+@dataclasses.dataclass(frozen=True)
 class LeaseRenewal:
     """What a renewal found: leases no longer held (job ``(id, attempt)`` pairs), the job attempts whose cancel was asked for, the jobs held in the worker's name
     that it did not list (a claim whose reply was lost), and whether the worker's row was

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence, Set
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import asyncpg
 import asyncpg.pool
 
 from agora_pg.db import queries
+from agora_pg.db.connections import StatementRunner
 from agora_pg.db.enqueue import CallerConnection, caller_fetch, insert_jobs
 from agora_pg.db.job_rows import JobFinish, KindLimit, Promotion, QueueLimit, row_to_job
 from agora_pg.errors import (
@@ -21,14 +22,12 @@ from agora_pg.errors import (
 from agora_pg.job_spec import JobSpec
 from agora_pg.jobs import Job, JobStatus, possible_job_id
 
-if TYPE_CHECKING:
-    from agora_pg.db.store import Store
 
 
 class JobTable:
     """Reached as ``store.jobs``; runs its statements through the Store's connections."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: StatementRunner) -> None:
         self._store = store
 
     async def enqueue(
@@ -84,24 +83,14 @@ class JobTable:
         raise InvalidTransition(job_id, job.status.value, JobStatus.PENDING.value)
 
     async def claim(
-        self, queues: Sequence[str], limit: int, worker_id: str, lease_seconds: float,
-        kinds: Sequence[str] | None = None, *, suspects: bool = True, suspect_lost: int = 1,
+        self, queues: Sequence[str], limit: int, worker_id: str, lease_seconds: float, *, kinds: Sequence[str],
+        suspects: bool = True, suspect_lost: int = 1,
     ) -> list[Job]:
-        """Claim up to ``limit`` due jobs, highest priority first (only of ``kinds``, if
-        given, from one queue). Of the jobs that lost ``suspect_lost`` attempts or more,
-        at most one, and none without ``suspects``."""
-        lease = float(lease_seconds)
-        if kinds is not None:
-            (queue,) = queues
-            rows = await self._store.fetch(
-                queries.CLAIM_JOBS_OF_KINDS, queue, limit, worker_id, lease, suspects, suspect_lost, list(kinds)
-            )
-        elif len(queues) == 1:
-            rows = await self._store.fetch(queries.CLAIM_JOBS, queues[0], limit, worker_id, lease, suspects,
-                                           suspect_lost)
-        else:
-            rows = await self._store.fetch(queries.CLAIM_JOBS_FROM_QUEUES, list(queues), limit, worker_id, lease,
-                                           suspects, suspect_lost)
+        """Claim up to ``limit`` due jobs of ``queues`` and ``kinds`` (those the worker
+        handles), highest priority first. Of the jobs that lost ``suspect_lost`` attempts
+        or more, at most one, and none without ``suspects``."""
+        rows = await self._store.fetch(queries.CLAIM_JOBS, list(queues), limit, worker_id, float(lease_seconds),
+                                       suspects, suspect_lost, list(kinds))
         return _in_claim_order(rows)
 
     async def claim_limited(
@@ -121,14 +110,15 @@ class JobTable:
         return _in_claim_order(rows), last_key_served(keys, after_key) if keys else after_key
 
     async def claim_from_limited_queue(
-        self, queue: str, limit: int, worker_id: str, lease_seconds: float, *, limited_kinds: Sequence[str] = (),
-        scan: int = 100, after_key: str | None = None, suspects: bool = True, suspect_lost: int = 1,
+        self, queue: str, limit: int, worker_id: str, lease_seconds: float, *, kinds: Sequence[str],
+        limited_kinds: Sequence[str] = (), scan: int = 100, after_key: str | None = None, suspects: bool = True,
+        suspect_lost: int = 1,
     ) -> tuple[list[Job], str | None]:
         """Claim up to ``limit`` due jobs of ``queue``, which has limits: at most its
         concurrency less its running jobs and its rate less its starts in the window,
         counted under a lock of its limits' row that makes the queue's claims take turns
-        (``queries.LOCK_QUEUE_LIMIT``); jobs of ``limited_kinds`` first, within their own
-        limits (as ``claim_limited``). Returns the jobs and the last key of fair share
+        (``queries.LOCK_QUEUE_LIMIT``), of ``kinds``; jobs of ``limited_kinds`` first,
+        within their own limits (as ``claim_limited``). Returns the jobs and the last key of fair share
         served. A queue whose limits are gone is claimed as any other."""
         lease = float(lease_seconds)
         jobs: list[Job] = []
@@ -149,8 +139,8 @@ class JobTable:
                 jobs = _in_claim_order(rows)
             if room > len(jobs):
                 jobs += _in_claim_order(await connection.fetch(
-                    queries.CLAIM_JOBS_IN_LIMITED_QUEUE, queue, room - len(jobs), worker_id, lease, suspects,
-                    suspect_lost))
+                    queries.CLAIM_JOBS_IN_LIMITED_QUEUE, [queue], room - len(jobs), worker_id, lease, suspects,
+                    suspect_lost, list(kinds)))
             if jobs and limits is not None and limits["rate"] is not None:
                 await connection.execute(queries.RECORD_QUEUE_STARTS, queue, len(jobs), limits["rate_seconds"])
         return jobs, after_key

@@ -188,19 +188,23 @@ RETURNING {", ".join("j." + c.strip() for c in JOB_COLUMNS.split(","))}
 
 _CLAIM_UPDATE = _claim_update("$3", "$4")
 
-# Claim up to $2 due jobs of queue $1 for worker $3, with a lease of $4 seconds (see _JOB_LEASE);
-# $5, $6: whether a job with lost attempts may be among them, and how many make a suspect
-# (_SUSPECTS_IF_ALLOWED).
-# `queue = $1` (not `= ANY(...)`) lets the scan read jobs_claimable_idx in its order
-# and stop after $2 rows; with ANY, PostgreSQL fetches every due row and sorts them.
-# Delayed jobs are not in that index (PROMOTE_DUE_JOBS moves them in once due), so
-# however many wait for later, a claim reads only rows it can take.
-# Kinds with a concurrency limit (agora.kind_limits) are left to the limited claim below,
-# whichever worker claims: one InitPlan per statement, nothing per row but the test. It
-# tests `kind || ''`, an expression without statistics: on `kind` itself the planner
-# estimates, where few kinds are queued, that the test keeps almost no row, and sorts
-# every due job instead of reading the claim index in order.
-_UNLIMITED = "(kind || '') <> ALL(ARRAY(SELECT kind FROM agora.kind_limits))"
+# Claim up to $2 due jobs of the queues $1 (text[]) and the kinds $7 (text[]: the kinds
+# the worker handles; a job of another kind waits for a worker that handles it) for worker
+# $3, with a lease of $4 seconds (see _JOB_LEASE); $5, $6: whether a job with lost attempts
+# may be among them, and how many make a suspect (_SUSPECTS_IF_ALLOWED). Each (queue,
+# kind)'s best due jobs are read and locked in jobs_claimable_idx's order, then the best of
+# those across them are claimed; rows locked but not chosen are released when the
+# statement ends (other workers skip them for that long). Jobs of kinds nobody here
+# handles are never read, however many sit at the head of a queue. Delayed jobs are not in
+# that index (PROMOTE_DUE_JOBS moves them in once due), so however many wait for later, a
+# claim reads only rows it can take.
+# A (queue, kind) with a limit is left to its own claim, whichever worker claims, even one
+# that has not read the limit yet: kinds with a concurrency or rate limit or fair share
+# (agora.kind_limits) to the limited claim below, queues with limits (agora.queue_limits)
+# to CLAIM_JOBS_IN_LIMITED_QUEUE, under the queue's lock. Both tests name only the pair,
+# not the row: PostgreSQL runs them once per pair, before any row is read.
+_KIND_UNLIMITED = "NOT EXISTS (SELECT FROM agora.kind_limits WHERE kind = k.name)"
+_QUEUE_UNLIMITED = "NOT EXISTS (SELECT FROM agora.queue_limits WHERE queue = q.name)"
 # Jobs that lost $6 attempts or more are "suspects": one may be what kills workers, so a
 # worker runs one at a time, and a job that kills its process takes the same neighbours
 # down fewer times than it takes to fail them (the worker's threshold: one below
@@ -208,52 +212,26 @@ _UNLIMITED = "(kind || '') <> ALL(ARRAY(SELECT kind FROM agora.kind_limits))"
 # none). A claim takes at most one, the first in claim order; without $5 it reads past
 # them. Either way the jobs behind a crowd of suspects still run, none given back.
 _SUSPECTS_IF_ALLOWED = "(lost_count < $6 OR $5::boolean)"
-_AT_MOST_ONE_SUSPECT = """
-    SELECT id FROM taken
-    WHERE lost_count < $6 OR id = (SELECT id FROM taken WHERE lost_count >= $6 ORDER BY priority DESC, run_at, id LIMIT 1)
-"""
-
-# Queues with limits (agora.queue_limits) are left to their own claim (CLAIM_JOBS_IN_
-# LIMITED_QUEUE, under the queue's lock), whichever worker claims, even one that has not
-# read the limit yet: a test of the queue's name, once per statement (per queue with
-# CLAIM_JOBS_FROM_QUEUES), before any row is read.
-_QUEUE_UNLIMITED = "NOT EXISTS (SELECT FROM agora.queue_limits WHERE queue = {queue})"
-
-_CLAIM_JOBS_OF_QUEUE = f"""
+CLAIM_JOBS = f"""
 WITH taken AS (
-    SELECT id, priority, run_at, lost_count FROM agora.jobs
-    WHERE ({CLAIMABLE_NOW}) AND queue = $1 AND run_at <= now() AND {_UNLIMITED} AND {_SUSPECTS_IF_ALLOWED}
-    ORDER BY priority DESC, run_at, id
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-), next AS ({_AT_MOST_ONE_SUSPECT})
-{_CLAIM_UPDATE}"""
-CLAIM_JOBS = _CLAIM_JOBS_OF_QUEUE.replace(
-    "AND queue = $1 AND", f"AND queue = $1 AND {_QUEUE_UNLIMITED.format(queue='$1')} AND")
-CLAIM_JOBS_IN_LIMITED_QUEUE = _CLAIM_JOBS_OF_QUEUE
-
-# The same, only of the kinds $7 (text[]): a process claims the runs of the pipelines it
-# registered (PIPELINE_QUEUE holds every process's), no other.
-CLAIM_JOBS_OF_KINDS = _CLAIM_JOBS_OF_QUEUE.replace("AND run_at <= now()", "AND run_at <= now() AND kind = ANY($7::text[])")
-
-# The same for several queues $1 (text[]): each queue's best due jobs, read and locked
-# in index order, then the best of those across queues. Rows locked but not chosen are
-# released when the statement ends (other workers skip them for that long).
-CLAIM_JOBS_FROM_QUEUES = f"""
-WITH taken AS (
-    SELECT best.* FROM unnest($1::text[]) AS q(name)
+    SELECT best.* FROM unnest($1::text[]) AS q(name) CROSS JOIN unnest($7::text[]) AS k(name)
     CROSS JOIN LATERAL (
         SELECT id, priority, run_at, lost_count FROM agora.jobs
-        WHERE ({CLAIMABLE_NOW}) AND queue = q.name AND {_QUEUE_UNLIMITED.format(queue='q.name')}
-          AND run_at <= now() AND {_UNLIMITED} AND {_SUSPECTS_IF_ALLOWED}
+        WHERE ({CLAIMABLE_NOW}) AND queue = q.name AND kind = k.name AND {_QUEUE_UNLIMITED} AND {_KIND_UNLIMITED}
+          AND run_at <= now() AND {_SUSPECTS_IF_ALLOWED}
         ORDER BY priority DESC, run_at, id
         LIMIT $2
         FOR UPDATE SKIP LOCKED
     ) AS best
     ORDER BY best.priority DESC, best.run_at, best.id
     LIMIT $2
-), next AS ({_AT_MOST_ONE_SUSPECT})
+), next AS (
+    SELECT id FROM taken
+    WHERE lost_count < $6 OR id = (SELECT id FROM taken WHERE lost_count >= $6 ORDER BY priority DESC, run_at, id LIMIT 1)
+)
 {_CLAIM_UPDATE}"""
+# The same in a limited queue, whose claim holds the queue's lock (the queue test is its caller's).
+CLAIM_JOBS_IN_LIMITED_QUEUE = CLAIM_JOBS.replace(f" AND {_QUEUE_UNLIMITED}", "")
 
 # -- limited kinds -------------------------------------------------------------
 #
@@ -270,8 +248,7 @@ SELECT {JOB_COLUMNS}, fair_key FROM agora.claim_limited_jobs($1::text[], $2::tex
 """
 # (of the queues $1, those without limits: see _QUEUE_UNLIMITED)
 CLAIM_LIMITED_JOBS = CLAIM_LIMITED_JOBS_IN_LIMITED_QUEUE.replace(
-    "claim_limited_jobs($1::text[]",
-    f"claim_limited_jobs(ARRAY(SELECT q FROM unnest($1::text[]) AS q WHERE {_QUEUE_UNLIMITED.format(queue='q')})")
+    "claim_limited_jobs($1::text[]", f"claim_limited_jobs(ARRAY(SELECT q.name FROM unnest($1::text[]) AS q(name) WHERE {_QUEUE_UNLIMITED})")
 
 # Declare the flow control of kinds ($1 kinds, $2 concurrency, $3 limit_by, $4 rate, $5
 # rate_seconds, $6 fair_by; NULL: none) where $7 says: 'code' (a worker, for the kinds
@@ -495,7 +472,8 @@ _RUN_TICK = f"CASE WHEN queue = '{PIPELINE_QUEUE}' THEN (payload->>'scheduled_fo
 # What a finished job returns for that: its payload only if it is a pipeline's run.
 _PIPELINE_PAYLOAD = f"CASE WHEN j.queue = '{PIPELINE_QUEUE}' THEN j.payload END AS payload"
 
-# Mark attempts (id, attempt) done and record their runs (with the attempt's last progress
+# Mark attempts (id, attempt) done (a done job shows no error: its failed attempts' runs
+# keep theirs) and record their runs (with the attempt's last progress
 # report and the handler's result, JSON text or NULL); returns the ids that were still
 # theirs, and wakes the event streams (one notification per statement: PostgreSQL folds
 # identical ones of a transaction).
@@ -503,7 +481,7 @@ COMPLETE_SUCCEEDED = f"""
 WITH finished AS (
     UPDATE agora.jobs AS j
     SET status = 'done', finished_at = now(), locked_by = NULL, lease_expires_at = NULL,
-        cancel_requested_at = NULL
+        cancel_requested_at = NULL, error_message = NULL  -- (earlier attempts' errors stay in their runs)
     FROM unnest($1::bigint[], $2::int[], $4::text[]) AS t(id, attempt, result)
     WHERE j.id = t.id AND j.attempt = t.attempt AND j.locked_by = $3
     RETURNING j.id, j.attempt, j.started_at, j.progress, t.result, j.queue, j.kind, j.status, {_PIPELINE_PAYLOAD}
@@ -719,6 +697,33 @@ SELECT coalesce(bool_or(w.kinds IS NULL OR $1 = ANY(w.kinds)), false) AS handled
                AND $2 = ANY(v.queues) ORDER BY k) AS kinds
 FROM agora.workers AS w
 WHERE w.stopped_at IS NULL AND w.last_heartbeat_at > now() - make_interval(secs => $3) AND $2 = ANY(w.queues)
+"""
+
+# A live worker: a heartbeat in the last $1 seconds, not stopped.
+_LIVE_WORKER = "w.stopped_at IS NULL AND w.last_heartbeat_at > now() - make_interval(secs => $1)"
+
+# Claimable jobs that no live worker handles (of their queue, their kind; one that does not
+# say which kinds it handles, of an earlier version, counts) wait for one: by queue and
+# kind, how many and since when the oldest is due. The (queue, kind) pairs with claimable
+# jobs come from a skip scan of jobs_claimable_idx (one descent per pair), and only the
+# jobs of pairs nobody handles are counted.
+UNHANDLED_JOBS = f"""
+WITH RECURSIVE pairs AS (
+    (SELECT queue, kind FROM agora.jobs WHERE {CLAIMABLE_NOW} ORDER BY queue, kind LIMIT 1)
+    UNION ALL
+    SELECT next.queue, next.kind FROM pairs AS p CROSS JOIN LATERAL (
+        SELECT queue, kind FROM agora.jobs WHERE ({CLAIMABLE_NOW}) AND (queue, kind) > (p.queue, p.kind)
+        ORDER BY queue, kind LIMIT 1
+    ) AS next
+)
+SELECT p.queue, p.kind, waiting.jobs, waiting.since
+FROM pairs AS p CROSS JOIN LATERAL (
+    SELECT count(*)::int AS jobs, min(run_at) AS since FROM agora.jobs
+    WHERE ({CLAIMABLE_NOW}) AND queue = p.queue AND kind = p.kind
+) AS waiting
+WHERE NOT EXISTS (SELECT FROM agora.workers AS w
+                  WHERE {_LIVE_WORKER} AND p.queue = ANY(w.queues) AND (w.kinds IS NULL OR p.kind = ANY(w.kinds)))
+ORDER BY waiting.jobs DESC, p.queue, p.kind
 """
 
 # An attempt whose outcome its own worker has written (a rescue's row says

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from agora_pg.db.job_rows import QueueLimit
+from agora_pg.db.job_rows import QueueLimit, UnhandledJobs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +51,7 @@ class MetricsSnapshot:
     kind_limits: list[KindLimitNow] = dataclasses.field(default_factory=list)
     tallies: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # agora.process_tallies' snapshots
     queue_limits: dict[str, QueueLimit] = dataclasses.field(default_factory=dict)  # queue -> its limits
+    unhandled: list[UnhandledJobs] = dataclasses.field(default_factory=list)  # jobs no live worker handles
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agora_pg.db import queries
+from agora_pg.db.connections import StatementRunner
 from agora_pg.db.job_table import require_possible_job_id
 from agora_pg.db.run_rows import RunRow
 
-if TYPE_CHECKING:
-    from agora_pg.db.store import Store
 
 
 class RunTable:
     """Reached as ``store.runs``; runs its statements through the Store's connections."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: StatementRunner) -> None:
         self._store = store
 
     async def of_job(self, job_id: int) -> list[RunRow]:

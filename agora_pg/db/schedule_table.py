@@ -3,22 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
 
 from agora_pg.db import queries
+from agora_pg.db.connections import StatementRunner
 from agora_pg.db.enqueue import insert_jobs
 from agora_pg.db.schedule_rows import DueTick, NextTicks, ScheduleRegistration, ScheduleRow, TickJob
 from agora_pg.errors import ScheduleConflict, ScheduleNotFound
 from agora_pg.jobs import Job
 
-if TYPE_CHECKING:
-    from agora_pg.db.store import Store
 
 
 class ScheduleTable:
     """Reached as ``store.schedules``; runs its statements through the Store's connections."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: StatementRunner) -> None:
         self._store = store
 
     async def upsert(self, registration: ScheduleRegistration) -> ScheduleRow:

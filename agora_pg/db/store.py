@@ -40,7 +40,8 @@ from agora_pg.db.job_table import JobTable, queue_limit_of
 from agora_pg.db.run_rows import KindLimitNow, MetricsSnapshot, oldest_due_by_queue
 from agora_pg.db.run_table import RunTable
 from agora_pg.db.schedule_table import ScheduleTable
-from agora_pg.db.worker_table import WorkerTable
+from agora_pg.db.job_rows import UnhandledJobs
+from agora_pg.db.worker_table import WORKER_ALIVE_SECONDS, WorkerTable
 from agora_pg.errors import (
     ConnectionLost,
     DatabaseUnavailable,
@@ -219,6 +220,7 @@ class Store:
             limits = await connection.fetch(queries.KIND_LIMITS_NOW)
             tallies = await connection.fetch(queries.ALL_TALLIES)
             queue_limits = await connection.fetch(queries.LIMITED_QUEUES, None)
+            unhandled = await connection.fetch(queries.UNHANDLED_JOBS, float(WORKER_ALIVE_SECONDS))
         return MetricsSnapshot(
             live_jobs=[(row["queue"], row["state"], row["jobs"]) for row in live],
             oldest_due_seconds=oldest_due_by_queue(
@@ -229,6 +231,7 @@ class Store:
             kind_limits=[KindLimitNow(**dict(row.items())) for row in limits],
             tallies=[json.loads(row["tallies"]) for row in tallies],
             queue_limits={row["queue"]: queue_limit_of(row) for row in queue_limits},
+            unhandled=[UnhandledJobs(**dict(row.items())) for row in unhandled],
         )
 
     async def event_times(self, max_lag_seconds: float) -> tuple[datetime, datetime]:

@@ -75,6 +75,7 @@ jobs = Table(
 Index(
     "jobs_claimable_idx",
     jobs.c.queue,
+    jobs.c.kind,
     jobs.c.priority.desc(),
     jobs.c.run_at,
     jobs.c.id,

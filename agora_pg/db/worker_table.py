@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agora_pg.db import queries
-from agora_pg.db.job_rows import LeaseRenewal
+from agora_pg.db.connections import StatementRunner
+from agora_pg.db.job_rows import LeaseRenewal, UnhandledJobs
 
-if TYPE_CHECKING:
-    from agora_pg.db.store import Store
 
 
 # A worker without a heartbeat for this long is not counted as alive (the dashboard's
@@ -21,7 +20,7 @@ RETIRED_TALLIES = "(retired)"  # the process_tallies row that sums the processes
 class WorkerTable:
     """Reached as ``store.workers``; runs its statements through the Store's connections."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: StatementRunner) -> None:
         self._store = store
 
     async def register(self, worker_id: str, hostname: str, pid: int, queues: Sequence[str],
@@ -35,6 +34,11 @@ class WorkerTable:
         which kinds it handles counts), and the kinds its live workers handle."""
         [row] = await self._store.fetch(queries.LIVE_HANDLERS_OF, kind, queue, float(alive_seconds))
         return bool(row["handled"]), list(row["kinds"])
+
+    async def unhandled_jobs(self, alive_seconds: float = WORKER_ALIVE_SECONDS) -> list[UnhandledJobs]:
+        """Claimable jobs no live worker handles, by queue and kind, most first."""
+        return [UnhandledJobs(**dict(row.items()))
+                for row in await self._store.fetch(queries.UNHANDLED_JOBS, float(alive_seconds))]
 
     async def renew_leases(
         self,

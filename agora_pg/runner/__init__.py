@@ -2,8 +2,8 @@
 
 from agora_pg.runner.health import HealthServer
 from agora_pg.runner.periodic_job import PeriodicJob
-from agora_pg.runner.scheduled_pipeline import PipelineStatus, RunAbandoned, ScheduledPipeline, ScheduleStopped
-from agora_pg.runner.worker_pool import JobWorkerStopped, PipelineFailed, WorkerPool
+from agora_pg.runner.scheduled_pipeline import PipelineStatus, RunAbandoned, ScheduleStopped
+from agora_pg.runner.worker_pool import JobWorkerStopped, PipelineFailed, ScheduledPipeline, WorkerPool
 from agora_pg.schedules import Schedule
 
 __all__ = [

@@ -12,8 +12,7 @@ from agora_pg.pipelines.sinks import DatabaseSink, JsonlSink, Sink, StdoutSink
 from agora_pg.pipelines.sources import CsvSource, IterableSource, Source, SqlSource
 from agora_pg.pipelines.tracing import Tracing, configure_exporter
 from agora_pg.runner.periodic_job import PeriodicJob
-from agora_pg.runner.scheduled_pipeline import ScheduledPipeline
-from agora_pg.runner.worker_pool import WorkerPool
+from agora_pg.runner.worker_pool import ScheduledPipeline, WorkerPool
 
 
 def read_config(path: str, key: str = "--config") -> WorkerConfig:

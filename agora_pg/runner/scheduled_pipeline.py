@@ -1,4 +1,5 @@
-"""ScheduledPipeline: runs a pipeline factory on a Schedule, with its state in Postgres.
+"""PipelineSchedule: a pipeline factory run on a Schedule, with its state in Postgres
+(``worker_pool.ScheduledPipeline`` is the public class: this, and ``start()``).
 
 Each run is a job: the process's scheduler turns a due tick into a job of the queue
 ``agora:pipelines`` (kind: the pipeline id), and the pool's pipeline worker claims it,
@@ -105,8 +106,11 @@ def error_type(error_text: str | None) -> str | None:
     return match.group(0) if match else "error"
 
 
-class ScheduledPipeline:
-    """Runs ``await factory()`` then ``await pipeline.run()`` on ``schedule``.
+class PipelineSchedule:
+    """A scheduled pipeline as a ``WorkerPool`` runs it; the public ``ScheduledPipeline``
+    (``agora_pg.runner``) adds ``start()``, which runs it in a pool of its own.
+
+    Runs ``await factory()`` then ``await pipeline.run()`` on ``schedule``.
 
     A raise from the factory, the run or the close is a failed run: the next
     attempt waits ``error_backoff_seconds * 2**(n-1)`` (at most 10 minutes) after
@@ -167,16 +171,6 @@ class ScheduledPipeline:
     @property
     def status(self) -> PipelineStatus:
         return PipelineStatus.of(self.pipeline_id, self.row, self.running)
-
-    async def start(self) -> None:
-        """Run until stopped, on the database of the environment (or the embedded one):
-        a ``WorkerPool`` of this pipeline alone."""
-        from agora_pg.runner.worker_pool import PipelineFailed, WorkerPool
-
-        try:
-            await WorkerPool().register(self).run(handle_signals=False)
-        except PipelineFailed as failed:
-            raise failed.error from None
 
     def plan(self, due: DueTick) -> TickJob:
         """The job that runs a due tick: it carries the tick, the spec it was planned

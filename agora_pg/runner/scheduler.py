@@ -27,7 +27,7 @@ from agora_pg.errors import DatabaseUnavailable
 from agora_pg.jobs import Job
 from agora_pg.lifecycle import WakeSignal
 from agora_pg.runner.periodic_job import PeriodicJob
-from agora_pg.runner.scheduled_pipeline import ScheduledPipeline
+from agora_pg.runner.scheduled_pipeline import PipelineSchedule
 from agora_pg.runtime.database_calls import Stopped, retry_database
 from agora_pg.runtime.process import ErrorWait
 
@@ -57,7 +57,7 @@ class Scheduler:
     passes (shorter when no notification will wake it)."""
 
     def __init__(
-        self, store: Store, worker_id: str, schedules: Sequence[PeriodicJob | ScheduledPipeline],
+        self, store: Store, worker_id: str, schedules: Sequence[PeriodicJob | PipelineSchedule],
         max_wait: float = MAX_WAIT,
     ) -> None:
         self.store = store
@@ -90,7 +90,7 @@ class Scheduler:
                 max_consecutive_errors=item.max_consecutive_errors, new_launch=schedule.once_per_launch,
                 job_kind=item.job_kind if isinstance(item, PeriodicJob) else None,
             ))
-            if isinstance(item, ScheduledPipeline):
+            if isinstance(item, PipelineSchedule):
                 item.row = row
                 item.stopped_at_launch = row.state == "stopped"
                 if schedule.once_per_launch:
@@ -113,7 +113,7 @@ class Scheduler:
         self.rows = await self.store.schedules.get_many(list(self.schedules))
         for pipeline_id, row in self.rows.items():
             item = self.schedules[pipeline_id]
-            if isinstance(item, ScheduledPipeline):
+            if isinstance(item, PipelineSchedule):
                 item.row = row
                 item.stopped_at_launch = item.stopped_at_launch and row.state == "stopped"  # (not once resumed)
         self.passed.set()

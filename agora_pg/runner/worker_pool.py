@@ -27,7 +27,7 @@ from agora_pg.outcomes import describe_error
 from agora_pg.runner.health import DEFAULT_HOST, HealthServer
 from agora_pg.runner.periodic_job import PeriodicJob
 from agora_pg.runner.schedule_listener import listen_for_schedule_changes
-from agora_pg.runner.scheduled_pipeline import PipelineStatus, RunAbandoned, ScheduledPipeline, ScheduleStopped
+from agora_pg.runner.scheduled_pipeline import PipelineSchedule, PipelineStatus, RunAbandoned, ScheduleStopped
 from agora_pg.runner.scheduler import MAX_WAIT, Scheduler
 from agora_pg.runtime.database_calls import StopSignal, Stopped, retry_database
 from agora_pg.runtime.leases import LeaseSupervisor, supervising
@@ -49,7 +49,6 @@ def pipeline_worker(
     and no other, and its settings: one run of each at a time, as long as it runs, no
     pruning (the job worker's)."""
     worker = Worker(handlers, resources=store)
-    worker.claim_kinds = tuple(handlers)
     return worker, settings.replace(queues=(queries.PIPELINE_QUEUE,), concurrency=len(handlers), job_timeout=None,
                                     retention=None)
 
@@ -92,7 +91,7 @@ class WorkerPool:
         self.health_host = health_host
         self.graceful_shutdown_timeout = graceful_shutdown_timeout
         self.settings = settings
-        self.pipelines: list[ScheduledPipeline] = []
+        self.pipelines: list[PipelineSchedule] = []
         self.periodic_jobs: list[PeriodicJob] = []
         self.job_worker: Worker | None = None
         self.pipeline_worker: Worker | None = None
@@ -106,13 +105,13 @@ class WorkerPool:
         self.kind_limits: dict[str, KindLimit] | None = None
         self.queue_limits: dict[str, QueueLimit] | None = None  # and its [queues] tables, alike
 
-    def register(self, item: ScheduledPipeline | PeriodicJob | Worker) -> WorkerPool:
+    def register(self, item: PipelineSchedule | PeriodicJob | Worker) -> WorkerPool:
         """Add a ScheduledPipeline, a PeriodicJob or the job Worker; returns self for chaining."""
         if isinstance(item, Worker):
             if self.job_worker is not None:
                 raise ValueError("a WorkerPool runs one job Worker; give it all the handlers")
             self.job_worker = item
-        elif isinstance(item, ScheduledPipeline | PeriodicJob):
+        elif isinstance(item, PipelineSchedule | PeriodicJob):
             if item.pipeline_id in {p.pipeline_id for p in self.pipelines} | {p.pipeline_id for p in self.periodic_jobs}:
                 raise ValueError(f"pipeline_id {item.pipeline_id!r} is registered twice")
             if isinstance(item, PeriodicJob):
@@ -364,3 +363,22 @@ class WorkerPool:
     def _pipeline_report(self) -> dict[str, Any]:
         return {pipeline_id: status.as_json(error_details=self._error_details)
                 for pipeline_id, status in self._statuses().items()}
+
+
+class ScheduledPipeline(PipelineSchedule):
+    """Runs ``await factory()`` then ``await pipeline.run()`` on ``schedule``.
+
+    A raise from the factory, the run or the close is a failed run: the next
+    attempt waits ``error_backoff_seconds * 2**(n-1)`` (at most 10 minutes) after
+    the n-th failure in a row; after ``max_consecutive_errors`` failures in a row
+    the schedule stops and ``start()`` raises the last error. A success resets
+    the counter.
+    """
+
+    async def start(self) -> None:
+        """Run until stopped, on the database of the environment (or the embedded one):
+        a ``WorkerPool`` of this pipeline alone."""
+        try:
+            await WorkerPool().register(self).run(handle_signals=False)
+        except PipelineFailed as failed:
+            raise failed.error from None

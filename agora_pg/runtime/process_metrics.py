@@ -26,7 +26,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
 WAIT_BUCKETS = DURATION_BUCKETS
 LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-UNREGISTERED_KIND = "(unregistered)"  # the kind label of jobs no handler of this worker knows
 
 
 @dataclasses.dataclass

@@ -46,7 +46,6 @@ class Attempt:
     stop_reason: StopReason | None = None
     thread_result: asyncio.Future[Any] | None = None  # a sync handler's, settled when its thread returns
     shutting_down: bool = False
-    known_kinds: tuple[str, ...] = ()  # for the error when ``handler`` is None
     fence_at: float = 0.0  # the lease supervisor's bookkeeping (LeaseHolder)
     stopped_for: tuple[StopReason, ...] = ()
     outcome: Outcome | None = None  # how it ended, once it has
@@ -136,7 +135,7 @@ async def _call_handler(attempt: Attempt, job: Job, resources: Any) -> Any:
     """A sync handler in a thread of its own (or the error of a kind with no handler);
     returns what the handler returned."""
     if attempt.handler is None:
-        raise UnknownJobKind(attempt.job.kind, list(attempt.known_kinds))
+        raise UnknownJobKind(attempt.job.kind)
     result = await _in_thread(attempt, job, resources)
     if inspect.isawaitable(result):  # a sync function that returned a coroutine
         return await result

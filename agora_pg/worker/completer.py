@@ -23,7 +23,7 @@ from agora_pg.errors import DatabaseUnavailable
 from agora_pg.outcomes import MAX_ERROR_MESSAGE, Outcome, OutcomeKind, storable_text
 from agora_pg.retry import BackoffPolicy, decide
 from agora_pg.runtime.leases import LeaseSupervisor
-from agora_pg.runtime.process_metrics import PROCESS_METRICS, UNREGISTERED_KIND
+from agora_pg.runtime.process_metrics import PROCESS_METRICS
 from agora_pg.settings import Settings
 from agora_pg.worker.attempts import Attempt
 
@@ -216,7 +216,7 @@ class Completer:
 def _count_recorded(entries: list[Attempt], written: set[int]) -> None:
     """Count the outcomes written for ``/metrics`` (``PROCESS_METRICS``)."""
     PROCESS_METRICS.jobs_recorded(
-        (job.queue, job.kind if attempt.handler is not None else UNREGISTERED_KIND, outcome.kind.value,
+        (job.queue, job.kind, outcome.kind.value,
          attempt.ended_at - attempt.claimed_at,
          (job.started_at - job.run_at).total_seconds() if job.started_at is not None else None)
         for attempt in entries

@@ -9,7 +9,7 @@ from typing import Any
 
 from agora_pg.db.job_rows import QueueLimit
 from agora_pg.errors import AgoraError
-from agora_pg.job_spec import JobSpec
+from agora_pg.job_spec import JobSpec, refuse_reserved_queue
 from agora_pg.jobs import Job
 from agora_pg.payloads import check_payload, is_payload_type
 
@@ -17,11 +17,11 @@ Handler = Callable[[Job, Any], Awaitable[Any] | Any]
 
 
 class UnknownJobKind(AgoraError):
-    """No handler is registered for a job's kind; the attempt fails."""
+    """A worker holds a job of a kind it has no handler for (its claim takes only the kinds
+    it handles, so this is a bug); the attempt fails."""
 
-    def __init__(self, kind: str, known: list[str]) -> None:
-        listed = ", ".join(sorted(known)) or "none"
-        super().__init__(f"no handler registered for kind {kind!r} (this worker handles: {listed})")
+    def __init__(self, kind: str) -> None:
+        super().__init__(f"no handler registered for kind {kind!r} on this worker")
         self.kind = kind
 
 
@@ -76,7 +76,7 @@ class KindOptions:
                                                or self.retry_backoff < 0):
             raise ValueError(f"retry_backoff must be a number of seconds >= 0, got {self.retry_backoff!r}")
         if self.queue is not None:
-            JobSpec("kind", queue=self.queue)  # the queue's rules are a job's
+            refuse_reserved_queue(JobSpec("kind", queue=self.queue))  # the queue's rules are a public job's
         if self.payload is not None and not is_payload_type(self.payload):
             raise TypeError(f"payload must be a dataclass or a msgspec.Struct class, got {self.payload!r}")
         if self.concurrency is not None and (isinstance(self.concurrency, bool)
@@ -110,10 +110,14 @@ KindTable = Mapping[str, KindOptions]  # what a Queue, SyncQueue or the API appl
 
 
 def apply_kinds(kinds: KindTable, specs: list[JobSpec]) -> list[JobSpec]:
-    """Each spec as its kind enqueues it (``KindOptions.apply``); unknown kinds as given."""
-    if not kinds:
-        return specs
-    return [options.apply(spec) if (options := kinds.get(spec.kind)) is not None else spec for spec in specs]
+    """Each spec as a public producer (``Queue``, ``SyncQueue``, the API, the CLI) enqueues
+    it: as its kind enqueues it (``KindOptions.apply``; unknown kinds as given), into a
+    queue that is not one of agora-pg's own (``InvalidJob`` otherwise)."""
+    if kinds:
+        specs = [options.apply(spec) if (options := kinds.get(spec.kind)) is not None else spec for spec in specs]
+    for spec in specs:
+        refuse_reserved_queue(spec)
+    return specs
 
 
 def kind_table(source: Any) -> dict[str, KindOptions]:

@@ -104,7 +104,6 @@ class Worker:
         self.lifespan = lifespan
         self.settings = settings
         self.id = new_worker_id()
-        self.claim_kinds: tuple[str, ...] | None = None  # claim only these kinds (a pool's pipeline runs)
         self._overrides: dict[str, Any] = {}
         self._stopping = StopSignal()
         self._aborting = StopSignal()
@@ -219,8 +218,8 @@ class _WorkerRun:
         self.limited_queues: tuple[str, ...] = ()  # of its queues, those with limits
         self.rated_queues: tuple[str, ...] = ()  # and of those, the ones with a rate limit
         # the flow control its handlers declare (every kind it handles: one without any has its row removed)
-        self.code_limits = ({kind: KindLimit(options.concurrency, options.limit_by, options.rate, options.fair_by)
-                             for kind, options in worker.kind_options.items()} if worker.claim_kinds is None else {})
+        self.code_limits = {kind: KindLimit(options.concurrency, options.limit_by, options.rate, options.fair_by)
+                            for kind, options in worker.kind_options.items()}
 
     async def serve(self) -> None:
         worker, settings = self.worker, self.settings
@@ -231,7 +230,7 @@ class _WorkerRun:
                                               self.known_kinds)
             if limits:
                 await self.store.jobs.declare_limits(limits)
-            if worker.queue_limits and worker.claim_kinds is None:
+            if worker.queue_limits:
                 await self.store.jobs.declare_queue_limits(worker.queue_limits)
 
         try:
@@ -321,7 +320,7 @@ class _WorkerRun:
         limit), then of its limited kinds (within their limits), then of any other kind it
         handles. A step that fails after another claimed jobs ends the claim: those run."""
         worker, settings = self.worker, self.settings
-        if worker.claim_kinds is None and time.monotonic() - self.limits_read_at >= LIMITS_REFRESH_SECONDS:
+        if time.monotonic() - self.limits_read_at >= LIMITS_REFRESH_SECONDS:
             await self._unless_stopping(self._read_limits())  # (a stop does not wait for it)
         jobs: list[Job] = []
         scan = max(LIMITED_SCAN, LIMITED_SCAN_PER_SLOT * limit)
@@ -334,7 +333,8 @@ class _WorkerRun:
         for queue in self.limited_queues:  # (each on its own, under its lock)
             async def of_limited_queue(room: int, queue: str = queue) -> list[Job]:
                 claimed, self.fair_cursor = await self.store.jobs.claim_from_limited_queue(
-                    queue, room, worker.id, settings.lease_seconds, limited_kinds=self.limited_kinds, scan=scan,
+                    queue, room, worker.id, settings.lease_seconds, kinds=self.known_kinds,
+                    limited_kinds=self.limited_kinds, scan=scan,
                     after_key=self.fair_cursor, suspects=suspects(), suspect_lost=self.suspect_lost)
                 return claimed
             steps.append(of_limited_queue)
@@ -347,7 +347,7 @@ class _WorkerRun:
             steps.append(of_limited_kinds)
         if unlimited:
             steps.append(lambda room: self.store.jobs.claim(
-                unlimited, room, worker.id, settings.lease_seconds, worker.claim_kinds,
+                unlimited, room, worker.id, settings.lease_seconds, kinds=self.known_kinds,
                 suspects=suspects(), suspect_lost=self.suspect_lost))
         for step in steps:
             if len(jobs) >= limit:
@@ -458,7 +458,7 @@ class _WorkerRun:
             timeout = job.timeout_seconds or options.timeout or settings.job_timeout
             attempt = Attempt(
                 job, worker.handlers.get(job.kind), job.kind in worker.async_kinds, options, timeout,
-                deadline=None if timeout is None else claimed_at + timeout, known_kinds=self.known_kinds,
+                deadline=None if timeout is None else claimed_at + timeout,
                 reporter=self.progress, claimed_at=claimed_at,
             )
             attempt.task = asyncio.create_task(self._run(attempt), name=f"job-{job.id}")

@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import IO
 from urllib.parse import urlsplit, urlunsplit
@@ -137,6 +137,50 @@ async def test_four_worker_processes_run_5000_jobs_exactly_once(
     assert await scalar(database_url, "SELECT count(DISTINCT pid) FROM public.executions") >= 2
 
 
+JOBS_PER_KIND = 10_000
+
+
+async def test_workers_of_disjoint_kinds_share_a_queue_through_a_kill(
+    queue: Queue, database_url: str, processes: Processes, executions: None
+) -> None:
+    """Two worker processes on queue default, one handling tally_a, the other tally_b, and
+    10,000 jobs of each interleaved; the first is killed with kill -9 halfway through its
+    jobs and started again. No job fails (none is claimed by the worker without its
+    handler), none is lost, each is done by a worker of its kind."""
+    await queue.enqueue_many([JobSpec(kind, {"i": i}) for i in range(JOBS_PER_KIND) for kind in ("tally_a", "tally_b")])
+    doomed = start_worker(processes, database_url, "--concurrency", "25", WORKER_APP_KINDS="tally_a")
+    other = start_worker(processes, database_url, "--concurrency", "25", WORKER_APP_KINDS="tally_b")
+
+    async def done(kind: str | None = None) -> int:
+        return int(await scalar(database_url, "SELECT count(*) FROM agora.jobs WHERE status = 'done' "
+                                "AND ($1::text IS NULL OR kind = $1)", kind))
+
+    await eventually(lambda: _at_least(done("tally_a"), JOBS_PER_KIND // 2), 180, "half of the tally_a jobs done")
+    os.kill(doomed.pid, signal.SIGKILL)
+    doomed.wait(timeout=10)
+    await expire_leases_of(database_url, doomed)
+    again = start_worker(processes, database_url, "--concurrency", "25", WORKER_APP_KINDS="tally_a")
+    await eventually(lambda: _at_least(done(), 2 * JOBS_PER_KIND), 300, "every job done")
+    for process in (other, again):
+        code, output = stop(process)
+        assert code == 0, output
+    assert await scalar(database_url, "SELECT count(*) FROM agora.jobs WHERE status <> 'done'") == 0
+    assert await scalar(database_url, "SELECT count(*) FROM agora.runs WHERE status = 'failed'") == 0
+    assert await scalar(database_url, "SELECT count(*) FROM agora.runs WHERE status = 'succeeded'") == 2 * JOBS_PER_KIND
+    pids = {"tally_a": [doomed.pid, again.pid], "tally_b": [other.pid]}
+    for kind, kind_pids in pids.items():
+        assert await scalar(
+            database_url, "SELECT count(*) FROM public.executions AS e JOIN agora.jobs AS j ON j.id = e.job_id "
+            "WHERE j.kind = $1 AND e.pid = ANY($2::int[])", kind, kind_pids) == JOBS_PER_KIND
+    # only the killed worker's attempts were cut short, and none of another kind
+    assert await scalar(database_url, "SELECT count(*) FROM agora.runs AS r JOIN agora.jobs AS j ON j.id = r.job_id "
+                        "WHERE r.status <> 'succeeded' AND j.kind <> 'tally_a'") == 0
+
+
+async def _at_least(count: Awaitable[int], wanted: int) -> bool:
+    return await count >= wanted
+
+
 async def test_job_of_a_killed_worker_is_finished_by_another(
     queue: Queue, database_url: str, processes: Processes, executions: None
 ) -> None:
@@ -225,6 +269,7 @@ def test_migrate_is_idempotent(fresh_db: str) -> None:
         (("worker", "--module", "worker_app"), "unmigrated", "run `agora-pg migrate` first"),
         (("migrate",), "mysql://root@localhost/db", "agora-pg: DATABASE_URL: expected a postgresql:// URL"),
         (("worker", "--module", "worker_app"), "missing-db", 'database "agora_no_such_db" does not exist'),
+        (("jobs", "submit", "k", "--queue", "agora:pipelines"), None, "queue names beginning 'agora:' are agora-pg's own"),
     ],
 )
 def test_cli_errors_print_one_line_and_exit_non_zero(

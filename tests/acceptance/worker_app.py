@@ -37,6 +37,15 @@ async def record(job: Job, pool: asyncpg.Pool) -> None:
     await _record(job, pool)
 
 
+async def tally(job: Job, pool: asyncpg.Pool) -> None:
+    """Record the job's latest execution (a run again after a kill overwrites it)."""
+    await pool.execute(
+        "INSERT INTO public.executions (job_id, attempt, pid) VALUES ($1, $2, $3) "
+        "ON CONFLICT (job_id) DO UPDATE SET attempt = EXCLUDED.attempt, pid = EXCLUDED.pid",
+        job.id, job.attempt, os.getpid(),
+    )
+
+
 async def slow(job: Job, pool: asyncpg.Pool) -> None:
     await asyncio.sleep(float(job.payload["seconds"]))
     await _record(job, pool)
@@ -106,5 +115,8 @@ def get_worker() -> Worker:
     handlers = {
         "record": record, "slow": slow, "hang_first_attempt": hang_first_attempt, "ledger": ledger,
         "exit_process": exit_process, "block_loop": block_loop, "sync_sleep": sync_sleep, "refuse": refuse,
+        "tally_a": tally, "tally_b": tally,
     }
+    if only := os.environ.get("WORKER_APP_KINDS"):  # a worker of these kinds only
+        handlers = {kind: handlers[kind] for kind in only.split(",")}
     return Worker(handlers, lifespan=lifespan)

@@ -47,7 +47,7 @@ async def client(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
 
 async def _finish(store: Store, job_id: int, *, fail: bool) -> None:
     """Claim the job as a worker would and record one outcome."""
-    [claimed] = await store.jobs.claim(["default"], 1, "w1", 30)
+    [claimed] = await store.jobs.claim(["default"], 1, "w1", 30, kinds=[(await store.jobs.get(job_id)).kind])
     assert claimed.id == job_id
     if fail:
         await record_failure(store, job_id, claimed.attempt, "w1", "boom")
@@ -96,6 +96,7 @@ async def test_post_job_keeps_every_field(client: httpx.AsyncClient) -> None:
         ({"kind": "k", "max_retries": -1}, "max_retries", ">= 0"),
         ({"kind": "k", "priority": 2**40}, "priority", "<="),
         ({"kind": "k", "payload": {"text": "nul \u0000 inside"}}, "payload", "NUL"),
+        ({"kind": "k", "queue": "agora:pipelines"}, "queue", "agora-pg's own"),
     ],
 )
 async def test_post_job_rejects_bad_input_naming_the_field(
@@ -187,7 +188,7 @@ async def test_cancel_of_a_running_job_asks_its_worker_and_done_jobs_are_409(
     client: httpx.AsyncClient, store: Store
 ) -> None:
     job = (await client.post("/jobs", json={"kind": "k"})).json()
-    [claimed] = await store.jobs.claim(["default"], 1, "w1", 30)
+    [claimed] = await store.jobs.claim(["default"], 1, "w1", 30, kinds=["k"])
     response = await client.post(f"/jobs/{job['id']}/cancel")
     assert response.status_code == 200, response.text
     asked = response.json()
@@ -571,11 +572,11 @@ async def test_bulk_retry_and_cancel_act_on_the_jobs_a_filter_matches(
     failed = []
     for n in range(3):
         job = await queue.enqueue("report", {"n": n}, max_retries=0)
-        [claimed] = await store.jobs.claim(["default"], 1, "w1", 30)
+        [claimed] = await store.jobs.claim(["default"], 1, "w1", 30, kinds=["mail", "report"])
         await record_failure(store, claimed.id, claimed.attempt, "w1", "ValueError: broke")
         failed.append(job.id)
     other_kind = await queue.enqueue("mail", max_retries=0)
-    [claimed] = await store.jobs.claim(["default"], 1, "w1", 30)
+    [claimed] = await store.jobs.claim(["default"], 1, "w1", 30, kinds=["mail", "report"])
     await record_failure(store, claimed.id, claimed.attempt, "w1", "ValueError: broke")
     waiting = await queue.enqueue("report", {"n": 9})
     retried = (await client.post("/jobs/bulk/retry", params={"kind": "report"})).json()

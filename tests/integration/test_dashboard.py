@@ -3,6 +3,7 @@ is tests/acceptance/test_dashboard_browser.py)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -11,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agora_pg import ConfigError, Queue
+from agora_pg import ConfigError, JobSpec, Queue
 from agora_pg.api import create_app
 from agora_pg.commands.pipelines import run_once
 from agora_pg.runner.assembly import read_config
@@ -51,7 +52,7 @@ async def test_overview_job_and_schedule_fragments_show_the_database(
     waiting = await queue.enqueue("mail", {"to": "<b>x</b>"}, queue="mail", run_at=datetime.now(UTC) - timedelta(minutes=3))
     failing = await queue.enqueue("report", max_retries=0)
     await store.workers.register("w-dash", "host", 7, ["default"])
-    [claimed] = await store.jobs.claim(["default"], 1, "w-dash", 30)
+    [claimed] = await store.jobs.claim(["default"], 1, "w-dash", 30, kinds=["mail", "report"])
     assert claimed.id == failing.id
     await record_failure(store, failing.id, claimed.attempt, "w-dash", "ValueError: broke")
     await store.schedules.upsert(ScheduleRegistration(
@@ -166,7 +167,7 @@ async def test_a_jobs_page_shows_its_result_times_and_whether_it_will_retry(
     client: httpx.AsyncClient, queue: Queue, store: Store
 ) -> None:
     done = await queue.enqueue("add", {"a": 1}, name="monthly total")
-    [claimed] = await store.jobs.claim(["default"], 1, "w-dash", 30)
+    [claimed] = await store.jobs.claim(["default"], 1, "w-dash", 30, kinds=["add", "report"])
     await store.jobs.complete_succeeded([(claimed.id, claimed.attempt)], "w-dash", {done.id: '{"sum": 3}'})
     page = (await client.get(f"/ui/fragments/jobs/{done.id}")).text
     assert "<dt>Name</dt><dd>monthly total</dd>" in page
@@ -176,10 +177,10 @@ async def test_a_jobs_page_shows_its_result_times_and_whether_it_will_retry(
     assert "<dt>Due</dt>" not in page  # a finished job is due nowhere
 
     retrying = await queue.enqueue("report", max_retries=3)
-    [claimed] = await store.jobs.claim(["default"], 1, "w-dash", 30)
+    [claimed] = await store.jobs.claim(["default"], 1, "w-dash", 30, kinds=["add", "report"])
     await record_failure(store, retrying.id, claimed.attempt, "w-dash", "ValueError: once", delay=60)
     dead = await queue.enqueue("report", max_retries=0)
-    [claimed] = await store.jobs.claim(["default"], 1, "w-dash", 30)
+    [claimed] = await store.jobs.claim(["default"], 1, "w-dash", 30, kinds=["add", "report"])
     await record_failure(store, dead.id, claimed.attempt, "w-dash", "ValueError: for good")
     page = (await client.get(f"/ui/fragments/jobs/{retrying.id}")).text
     assert ">will retry</span>" in page and "<dt>Due</dt>" in page
@@ -224,7 +225,7 @@ async def test_the_runs_page_lists_run_history_filtered_from_its_url(
 ) -> None:
     ok = await queue.enqueue("add")
     bad = await queue.enqueue("report", max_retries=0)
-    claimed = {job.id: job for job in await store.jobs.claim(["default"], 2, "w-dash", 30)}
+    claimed = {job.id: job for job in await store.jobs.claim(["default"], 2, "w-dash", 30, kinds=["add", "report"])}
     await store.jobs.complete_succeeded([(ok.id, claimed[ok.id].attempt)], "w-dash")
     await record_failure(store, bad.id, claimed[bad.id].attempt, "w-dash", "ValueError: broke")
     every = (await client.get("/ui/fragments/runs")).text
@@ -271,3 +272,29 @@ async def test_a_missing_static_file_names_no_directory_and_dashboard_ids_follow
     for odd in ("٣", f"+{jobs[0].id}", f"0{jobs[0].id}"):  # as /jobs/٣ is a 404, the dashboard shows no job
         shown = (await client.get(f"/ui/fragments/jobs/{odd}")).text
         assert "No job" in shown and "<dt>Kind</dt>" not in shown, odd
+
+
+async def test_jobs_of_a_kind_no_live_worker_handles_show_in_the_overview_metrics_and_jobs_list(
+    client: httpx.AsyncClient, queue: Queue, store: Store, database_url: str, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from agora_pg.cli import main
+
+    await store.workers.register("w-mail", "host", 1, ["default"], ["mail"])
+    await store.workers.register("w-gone", "host", 2, ["default"], ["ecoh"])
+    await store.workers.stop("w-gone")  # (a stopped worker handles nothing)
+    typo = await queue.enqueue_many([JobSpec("ecoh"), JobSpec("ecoh")])
+    mail = await queue.enqueue("mail")
+    elsewhere = await queue.enqueue("mail", queue="reports")  # (no worker claims the queue)
+    overview = (await client.get("/ui/fragments/overview")).text
+    metrics = (await client.get("/metrics")).text
+    assert "Waiting for a worker of their kind" in overview and "kind=ecoh&amp;queue=default" in overview, overview
+    assert 'agora_jobs_unhandled{kind="ecoh",queue="default"} 2.0' in metrics, metrics
+    assert 'agora_jobs_unhandled{kind="mail",queue="reports"} 1.0' in metrics, metrics
+    assert 'agora_jobs_unhandled{kind="mail",queue="default"}' not in metrics
+    monkeypatch.setenv("AGORA_PG_DATABASE_URL", database_url)
+    assert await asyncio.to_thread(main, ["jobs", "list"]) == 0  # (the CLI runs an event loop of its own)
+    rows = {int(line.split()[0]): line for line in capsys.readouterr().out.splitlines() if line[:1].isdigit()}
+    for job in (*typo, elsewhere):
+        assert "pending (no worker handles its kind)" in rows[job.id], rows
+    assert "no worker" not in rows[mail.id]

@@ -33,7 +33,7 @@ async def test_documented_history_queries_run_on_real_history(queue: Queue, stor
     assert len(queries) == 7
     jobs = await queue.enqueue_many([JobSpec("mail"), JobSpec("mail"), JobSpec("report")])
     await store.workers.register("w1", "host", 1, ["default"])
-    claimed = await store.jobs.claim(["default"], 3, "w1", 30)
+    claimed = await store.jobs.claim(["default"], 3, "w1", 30, kinds=["mail", "report"])
     await store.jobs.complete_succeeded([(claimed[0].id, claimed[0].attempt)], "w1")
     await record_failure(store, claimed[1].id, claimed[1].attempt, "w1", "ValueError: x")
     async with store.connection() as connection:
@@ -66,7 +66,7 @@ async def test_queue_now_and_metrics_count_the_same_jobs(queue: Queue, store: St
     await queue.enqueue_many([JobSpec("k", max_retries=0), JobSpec("k", max_retries=3), JobSpec("k"),
                               JobSpec("later", run_at=datetime.now(UTC) + timedelta(hours=1))])
     await store.workers.register("w1", "host", 1, ["default"])
-    claimed = await store.jobs.claim(["default"], 2, "w1", 30)
+    claimed = await store.jobs.claim(["default"], 2, "w1", 30, kinds=["k", "later"])
     for job in claimed:
         await record_failure(store, job.id, job.attempt, "w1", "ValueError: x", delay=0)
     query = next(sql for sql in documented_queries() if "agora.queue_now" in sql)

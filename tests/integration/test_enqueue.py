@@ -64,6 +64,8 @@ async def test_invalid_enqueue_raises_and_writes_nothing(queue: Queue, store: St
         await queue.enqueue("k", payload=["not", "an", "object"])  # type: ignore[arg-type]
     with pytest.raises(InvalidJob, match="run_at"):
         await queue.enqueue("k", run_at=datetime(2030, 1, 1))
+    with pytest.raises(InvalidJob, match="queue: queue names beginning 'agora:' are agora-pg's own"):
+        await queue.enqueue_many([JobSpec("k"), JobSpec("k", queue="agora:pipelines")])
     async with store.connection() as connection:
         assert await connection.fetchval("SELECT count(*) FROM agora.jobs") == 0
 
@@ -78,7 +80,7 @@ async def test_plain_sql_insert_gets_every_default(store: Store) -> None:
     assert (job.status, job.queue, job.priority, job.retry_count, job.max_retries) == (
         JobStatus.PENDING, "default", 0, 0, None,
     )
-    claimed = await store.jobs.claim(["default"], 10, "w", 30)
+    claimed = await store.jobs.claim(["default"], 10, "w", 30, kinds=["echo"])
     assert [j.id for j in claimed] == [job_id]
 
 
@@ -93,7 +95,7 @@ async def test_dedup_key_returns_the_live_job(queue: Queue, store: Store) -> Non
     second = await queue.enqueue("k", {"v": 2}, dedup_key="same")
     assert second == first
     # a processing job still blocks the key
-    [claimed] = await store.jobs.claim(["default"], 1, "w", 30)
+    [claimed] = await store.jobs.claim(["default"], 1, "w", 30, kinds=["k"])
     assert (await queue.enqueue("k", dedup_key="same")).id == first.id
     # once finished, the key is free again
     await store.jobs.complete_succeeded([(claimed.id, claimed.attempt)], "w")

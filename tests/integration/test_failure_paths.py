@@ -321,7 +321,7 @@ async def test_lost_attempts_count_apart_from_failures_up_to_their_own_limit(que
     job = await queue.enqueue("k", max_retries=5)
     rescuer = JobRescuer(store, max_lost_attempts=2, default_max_retries=3)
     for lost in (1, 2):
-        [claimed] = await store.jobs.claim(["default"], 1, f"dies-{lost}", 30)
+        [claimed] = await store.jobs.claim(["default"], 1, f"dies-{lost}", 30, kinds=["k"])
         async with store.connection() as connection:
             await connection.execute("UPDATE agora.jobs SET lease_expires_at = now() - interval '1 second'")
         assert await rescuer.run_once() == [job.id]
@@ -329,7 +329,7 @@ async def test_lost_attempts_count_apart_from_failures_up_to_their_own_limit(que
         assert (after.lost_count, after.retry_count) == (lost, 0)
     assert after.status is JobStatus.FAILED and after.is_finished
     assert after.error_message is not None and after.error_message.endswith("(2 lost attempts: not retried)")
-    assert await store.jobs.claim(["default"], 1, "w", 30) == []
+    assert await store.jobs.claim(["default"], 1, "w", 30, kinds=["k"]) == []
     assert [run[1] for run in await job_runs(store, job.id)] == ["abandoned", "abandoned"]
 
 

@@ -30,7 +30,9 @@ async def _running_in(store: Store, queue: str) -> int:
 
 
 async def _claimed(store: Store, queue: str, limit: int, worker: str, **options: Any) -> list[int]:
-    jobs, _ = await store.jobs.claim_from_limited_queue(queue, limit, worker, 30, **options)
+    """The jobs a worker of every kind these tests enqueue claims."""
+    jobs, _ = await store.jobs.claim_from_limited_queue(queue, limit, worker, 30, kinds=["a", "b", "bulk", "note", "r", "s"],
+                                                        **options)
     return [job.id for job in jobs]
 
 
@@ -97,8 +99,8 @@ async def test_a_plain_claim_leaves_limited_queues_alone(queue: Queue, store: St
     await store.jobs.declare_queue_limits({"mail": QueueLimit(1)})
     await store.jobs.declare_limits({"bulk": KindLimit(5, None)})
     await queue.enqueue_many([JobSpec("note", queue="mail"), JobSpec("bulk", queue="mail"), JobSpec("note")])
-    assert await store.jobs.claim(["mail"], 10, "w", 30) == []
-    assert [job.queue for job in await store.jobs.claim(["mail", "default"], 10, "w", 30)] == ["default"]
+    assert await store.jobs.claim(["mail"], 10, "w", 30, kinds=["bulk", "note"]) == []
+    assert [job.queue for job in await store.jobs.claim(["mail", "default"], 10, "w", 30, kinds=["bulk", "note"])] == ["default"]
     jobs, _ = await store.jobs.claim_limited(["mail"], 10, "w", 30, ["bulk"], scan=100)
     assert jobs == []
     assert len(await _claimed(store, "mail", 10, "w")) == 1  # its own claim, within its limit
@@ -109,7 +111,7 @@ async def test_a_queue_limit_and_a_kind_limit_both_hold(queue: Queue, store: Sto
     await store.jobs.declare_limits({"bulk": KindLimit(1, None)})
     await queue.enqueue_many([JobSpec("bulk", queue="mail") for _ in range(3)]
                              + [JobSpec("note", queue="mail") for _ in range(6)])
-    claimed = await store.jobs.claim_from_limited_queue("mail", 10, "w", 30, limited_kinds=["bulk"])
+    claimed = await store.jobs.claim_from_limited_queue("mail", 10, "w", 30, kinds=["bulk", "note"], limited_kinds=["bulk"])
     kinds = sorted(job.kind for job in claimed[0])
     assert kinds == ["bulk", "note", "note", "note"]
 
@@ -120,7 +122,7 @@ async def test_concurrent_claims_of_a_limited_queue_never_overshoot(queue: Queue
     peak = 0
 
     async def claim(own: Store, worker: str) -> list[Job]:
-        jobs, _ = await own.jobs.claim_from_limited_queue("mail", 2, worker, 30)
+        jobs, _ = await own.jobs.claim_from_limited_queue("mail", 2, worker, 30, kinds=["k"])
         return jobs
 
     async def sample(own: Store) -> None:
@@ -135,7 +137,7 @@ async def test_concurrent_claims_of_a_limited_queue_never_overshoot(queue: Queue
 async def test_a_queue_rate_limit_counts_starts_in_its_window_and_charges_nothing(queue: Queue, store: Store) -> None:
     await store.jobs.declare_queue_limits({"sms": QueueLimit(None, (3, 60.0))})
     await queue.enqueue_many([JobSpec(kind, queue="sms") for kind in ("a", "b", "a", "b", "a")])
-    first = await store.jobs.claim_from_limited_queue("sms", 10, "w", 30)
+    first = await store.jobs.claim_from_limited_queue("sms", 10, "w", 30, kinds=["a", "b"])
     assert len(first[0]) == 3
     await store.jobs.complete_succeeded([(job.id, job.attempt) for job in first[0]], "w")
     assert await _claimed(store, "sms", 10, "w") == []  # finished or not, a start counts for its window
@@ -160,7 +162,7 @@ async def test_concurrent_claims_of_a_rate_limited_queue_never_overshoot(queue: 
     stores = [Store.open(store.database) for _ in range(6)]
     try:
         claims = await asyncio.wait_for(asyncio.gather(*(
-            own.jobs.claim_from_limited_queue("sms", 3, f"w{n}", 30) for n, own in enumerate(stores) for _ in range(3))),
+            own.jobs.claim_from_limited_queue("sms", 3, f"w{n}", 30, kinds=["k"]) for n, own in enumerate(stores) for _ in range(3))),
             30)
     finally:
         for own in stores:

@@ -120,6 +120,8 @@ def test_bad_input_raises_a_clear_error_and_writes_nothing(sync_queue: SyncQueue
         sync_queue.enqueue("k", run_at=datetime(2030, 1, 1))
     with pytest.raises(InvalidJob, match="payload"):
         sync_queue.enqueue("k", {"bad": object()})  # type: ignore[dict-item]
+    with pytest.raises(InvalidJob, match="queue: queue names beginning 'agora:' are agora-pg's own"):
+        sync_queue.enqueue("k", queue="agora:pipelines")
     with pytest.raises(TypeError, match="connection must be a DB-API connection"):
         sync_queue.enqueue("k", connection=object())
     assert _count(database_url) == 0

@@ -54,6 +54,20 @@ async def test_worker_runs_a_job_to_done_with_resources(queue: Queue, store: Sto
     assert await runs_of(store, job.id) == [(1, "succeeded", None)]
 
 
+async def test_a_done_job_shows_no_error_and_its_failed_attempts_runs_keep_theirs(
+    queue: Queue, store: Store, settings: Settings
+) -> None:
+    def flaky(job: Job, resources: Any) -> None:
+        if job.attempt == 1:
+            raise ValueError("first try")
+
+    job = await queue.enqueue("flaky")
+    async with running(Worker({"flaky": flaky}, settings=settings.replace(retry_backoff_seconds=0))):
+        await wait_until(lambda: _is(store, job.id, JobStatus.DONE))
+    assert (await store.jobs.get(job.id)).error_message is None
+    assert await runs_of(store, job.id) == [(1, "failed", "ValueError: first try"), (2, "succeeded", None)]
+
+
 async def test_a_worker_given_queues_in_code_claims_only_those(queue: Queue, store: Store, settings: Settings) -> None:
     async def noop(job: Job, resources: Any) -> None:
         return None
@@ -87,7 +101,7 @@ async def test_an_outcome_written_again_after_a_lost_reply_is_no_takeover(
     another worker took the attempt over; a real takeover still warns."""
     completer = Completer(store, "w", settings, None, random.Random(0))
     done_job, failed_job, taken_job = [await queue.enqueue("k") for _ in range(3)]
-    claimed = {job.id: job for job in await store.jobs.claim(["default"], 3, "w", 30)}
+    claimed = {job.id: job for job in await store.jobs.claim(["default"], 3, "w", 30, kinds=["k"])}
     assert set(claimed) == {done_job.id, failed_job.id, taken_job.id}
     # the first writes committed (their replies never came back)
     await store.jobs.complete_succeeded([(done_job.id, 1)], "w")
@@ -101,7 +115,7 @@ async def test_an_outcome_written_again_after_a_lost_reply_is_no_takeover(
     async with store.connection() as connection:
         await connection.execute("UPDATE agora.jobs SET status = 'pending', locked_by = NULL, started_at = NULL, "
                                  "lease_expires_at = NULL WHERE id = $1", taken_job.id)
-    [again] = await store.jobs.claim(["default"], 1, "other", 30)
+    [again] = await store.jobs.claim(["default"], 1, "other", 30, kinds=["k"])
     await store.jobs.complete_succeeded([(again.id, again.attempt)], "other")
     success = outcome_of(None)
     for job_id, outcome in ((done_job.id, success), (failed_job.id, failure), (taken_job.id, success)):
@@ -120,7 +134,7 @@ async def test_retries_to_exhaustion_step_by_step(queue: Queue, store: Store, se
     completer = Completer(store, "w", policy, None, random.Random(0))
     job = await queue.enqueue("k", max_retries=3)
     for failure in (1, 2, 3):
-        [claimed] = await store.jobs.claim(["default"], 1, "w", 30)
+        [claimed] = await store.jobs.claim(["default"], 1, "w", 30, kinds=["k"])
         assert claimed.id == job.id and claimed.attempt == failure
         attempt = attempt_of(claimed)
         attempt.outcome = outcome_of(ValueError(f"bad input #{failure}"))
@@ -135,7 +149,7 @@ async def test_retries_to_exhaustion_step_by_step(queue: Queue, store: Store, se
         if failure < 3:
             expected_delay = 10 * 2 ** (failure - 1) / 2  # the backoff's jitter halves it at most
             assert after.run_at >= before + timedelta(seconds=expected_delay - 1)
-            assert await store.jobs.claim(["default"], 1, "w", 30) == []  # not before its backoff
+            assert await store.jobs.claim(["default"], 1, "w", 30, kinds=["k"]) == []  # not before its backoff
             async with store.connection() as connection:
                 await connection.execute("UPDATE agora.jobs SET run_at = now() WHERE id = $1", job.id)
             assert (await store.jobs.promote_due(10)).promoted == 1  # (a worker's promoter does this)
@@ -143,7 +157,7 @@ async def test_retries_to_exhaustion_step_by_step(queue: Queue, store: Store, se
         await connection.execute("UPDATE agora.jobs SET run_at = now() WHERE id = $1", job.id)
         assert await connection.fetchval("SELECT delayed FROM agora.jobs WHERE id = $1", job.id) is False
     assert (await store.jobs.promote_due(10)).promoted == 0
-    assert await store.jobs.claim(["default"], 1, "w", 30) == []  # at max_retries: never again
+    assert await store.jobs.claim(["default"], 1, "w", 30, kinds=["k"]) == []  # at max_retries: never again
     assert await runs_of(store, job.id) == [
         (1, "failed", "ValueError: bad input #1"),
         (2, "failed", "ValueError: bad input #2"),
@@ -204,13 +218,20 @@ async def test_handler_chosen_retry_delay(
     assert "Traceback" not in caplog.text
 
 
-async def test_unknown_kind_fails_with_a_clear_message(queue: Queue, store: Store, settings: Settings) -> None:
-    job = await queue.enqueue("nobody_handles_this", max_retries=1)
+async def test_a_job_of_a_kind_no_worker_handles_waits_for_one_that_does(
+    queue: Queue, store: Store, settings: Settings
+) -> None:
+    waiting = await queue.enqueue("nobody_handles_this", max_retries=0)
+    other = await queue.enqueue("other")
     async with running(Worker({"other": lambda job, resources: None}, settings=settings)):
-        await wait_until(lambda: _retry_count_is(store, job.id, 1))
-    assert (await store.jobs.get(job.id)).error_message == (
-        "UnknownJobKind: no handler registered for kind 'nobody_handles_this' (this worker handles: other)"
-    )
+        await wait_until(lambda: _is(store, other.id, JobStatus.DONE))
+        [unhandled] = await store.workers.unhandled_jobs()
+        assert (unhandled.queue, unhandled.kind, unhandled.jobs) == ("default", "nobody_handles_this", 1)
+    job = await store.jobs.get(waiting.id)
+    assert (job.status, job.attempt, job.retry_count, job.error_message) == (JobStatus.PENDING, 0, 0, None)
+    async with running(Worker({"nobody_handles_this": lambda job, resources: None}, settings=settings)):
+        await wait_until(lambda: _is(store, waiting.id, JobStatus.DONE))
+        assert await store.workers.unhandled_jobs() == []
 
 
 async def test_sync_handlers_run_in_a_thread(queue: Queue, store: Store, settings: Settings) -> None:
@@ -337,7 +358,7 @@ async def test_jobs_past_the_grace_period_are_released_uncounted(
 
 async def test_lost_worker_job_is_rescued_and_its_late_outcome_is_fenced(queue: Queue, store: Store) -> None:
     job = await queue.enqueue("k")
-    [ghost_claim] = await store.jobs.claim(["default"], 1, "ghost", 30)
+    [ghost_claim] = await store.jobs.claim(["default"], 1, "ghost", 30, kinds=["k"])
     rescuer = JobRescuer(store, max_lost_attempts=3, default_max_retries=3)
     assert await rescuer.run_once() == []  # lease still valid
     async with store.connection() as connection:
@@ -351,7 +372,7 @@ async def test_lost_worker_job_is_rescued_and_its_late_outcome_is_fenced(queue: 
     assert await store.jobs.complete_succeeded([(ghost_claim.id, ghost_claim.attempt)], "ghost") == set()
     assert (await store.jobs.get(job.id)).status is JobStatus.PENDING
 
-    [second_claim] = await store.jobs.claim(["default"], 1, "alive", 30)
+    [second_claim] = await store.jobs.claim(["default"], 1, "alive", 30, kinds=["k"])
     assert second_claim.attempt == 2
     # the ghost wakes up: its renewal and its completion must change nothing
     renewal = await store.workers.renew_leases("ghost", 9999, [(ghost_claim.id, ghost_claim.attempt)])
@@ -369,7 +390,7 @@ async def test_running_worker_rescues_jobs_of_a_dead_worker(queue: Queue, store:
         return None
 
     job = await queue.enqueue("noop")
-    await store.jobs.claim(["default"], 1, "dead-worker", 1)  # a one-second lease nobody renews
+    await store.jobs.claim(["default"], 1, "dead-worker", 1, kinds=["noop"])  # a one-second lease nobody renews
     async with running(Worker({"noop": noop}, settings=settings.replace(lease_seconds=6))):  # (a rescue round every 0.6 s)
         await wait_until(lambda: _is(store, job.id, JobStatus.DONE), timeout=30)
     assert [run[1] for run in await runs_of(store, job.id)] == ["abandoned", "succeeded"]
@@ -386,7 +407,7 @@ async def test_renewal_skips_rows_being_finished_instead_of_waiting(queue: Queue
     await store.workers.register("w", "host", 1, ["default"])
     await queue.enqueue("k")
     # claimed before the worker's first renewal: the job has a lease of its own
-    [claimed] = await store.jobs.claim(["default"], 1, "w", 30)
+    [claimed] = await store.jobs.claim(["default"], 1, "w", 30, kinds=["k"])
     assert claimed.lease_expires_at is not None
     token = [(claimed.id, claimed.attempt)]
     holder = await asyncpg.connect(store.database.asyncpg_url)
@@ -487,7 +508,7 @@ async def test_an_acknowledged_cancel_holds_whatever_becomes_of_the_attempt(
     lost or cut short at shutdown (outcome), or it is given back unstarted (release).
     Each way, the job ends cancelled: never pending again, never run again."""
     rescued, lost, released, unstarted, failing = [await queue.enqueue("k") for _ in range(5)]
-    claimed = {job.id: job for job in await store.jobs.claim(["default"], 5, "w-gone", 30)}
+    claimed = {job.id: job for job in await store.jobs.claim(["default"], 5, "w-gone", 30, kinds=["k"])}
     for job in claimed.values():
         assert (await store.jobs.cancel(job.id)).cancel_requested_at is not None  # acknowledged, still running
     async with store.connection() as connection:
@@ -504,7 +525,7 @@ async def test_an_acknowledged_cancel_holds_whatever_becomes_of_the_attempt(
         job = await store.jobs.get(job_id)
         assert (job.status, job.is_finished) == (JobStatus.CANCELLED, True), (job_id, job.status)
         assert job.finished_at is not None
-    assert await store.jobs.claim(["default"], 10, "w2", 30) == []  # nothing to run again
+    assert await store.jobs.claim(["default"], 10, "w2", 30, kinds=["k"]) == []  # nothing to run again
     [run] = await store.runs.of_job(rescued.id)
     assert (run.status, run.error_type) == ("cancelled", "JobCancelled")
     assert (await store.jobs.get(rescued.id)).error_message.startswith("JobCancelled: cancelled on request; WorkerLost")

@@ -35,7 +35,7 @@ async def test_jobs_claimed_under_a_live_worker_lease_have_none_of_their_own(que
     await _live_worker(store, "w")
     for _ in range(3):
         await queue.enqueue("k")
-    claimed = await store.jobs.claim(["default"], 3, "w", 30)
+    claimed = await store.jobs.claim(["default"], 3, "w", 30, kinds=["k"])
     assert [job.lease_expires_at for job in claimed] == [None] * 3
     worker_lease = await _worker_lease(store, "w")
     # read back, a running job shows the lease that covers it: its worker's
@@ -47,7 +47,7 @@ async def test_a_renewal_writes_the_workers_row_and_no_job_row(queue: Queue, sto
     await _live_worker(store, "w")
     for _ in range(5):
         await queue.enqueue("k")
-    claimed = await store.jobs.claim(["default"], 5, "w", 30)
+    claimed = await store.jobs.claim(["default"], 5, "w", 30, kinds=["k"])
     ids = [job.id for job in claimed]
     before, lease_before = await _versions(store, ids), await _worker_lease(store, "w")
     renewal = await store.workers.renew_leases("w", 30, [(job.id, job.attempt) for job in claimed])
@@ -59,7 +59,7 @@ async def test_a_renewal_writes_the_workers_row_and_no_job_row(queue: Queue, sto
 async def test_a_renewal_still_finds_lost_and_cancelled_attempts(queue: Queue, store: Store) -> None:
     await _live_worker(store, "w")
     first, second = await queue.enqueue("k"), await queue.enqueue("k")
-    claimed = await store.jobs.claim(["default"], 2, "w", 30)
+    claimed = await store.jobs.claim(["default"], 2, "w", 30, kinds=["k"])
     tokens = [(job.id, job.attempt) for job in claimed]
     await store.jobs.cancel(second.id)
     async with store.connection() as connection:  # the first one is taken from this worker
@@ -72,7 +72,7 @@ async def test_a_renewal_still_finds_lost_and_cancelled_attempts(queue: Queue, s
 async def test_a_renewal_names_the_jobs_held_unknowingly(queue: Queue, store: Store) -> None:
     await _live_worker(store, "w")
     known, unknown, fresh = [await queue.enqueue("k") for _ in range(3)]
-    claimed = {job.id: job for job in await store.jobs.claim(["default"], 3, "w", 30)}
+    claimed = {job.id: job for job in await store.jobs.claim(["default"], 3, "w", 30, kinds=["k"])}
     async with store.connection() as connection:  # a claim over a second ago, but the worker lists only one
         await connection.execute(
             "UPDATE agora.jobs SET started_at = now() - interval '5 seconds' WHERE id = ANY($1::bigint[])",
@@ -88,8 +88,8 @@ async def test_the_jobs_of_a_worker_whose_lease_passed_are_rescued(queue: Queue,
     await _live_worker(store, "alive")
     await queue.enqueue("k")
     await queue.enqueue("k")
-    [claimed] = await store.jobs.claim(["default"], 1, "gone", 30)
-    [kept] = await store.jobs.claim(["default"], 1, "alive", 30)
+    [claimed] = await store.jobs.claim(["default"], 1, "gone", 30, kinds=["k"])
+    [kept] = await store.jobs.claim(["default"], 1, "alive", 30, kinds=["k"])
     rescuer = JobRescuer(store, max_lost_attempts=3, default_max_retries=3)
     assert await rescuer.run_once() == []  # both leases live
     async with store.connection() as connection:
@@ -113,7 +113,7 @@ async def test_a_rescue_does_not_take_a_job_claimed_again_meanwhile(queue: Queue
     await _live_worker(store, "gone")
     await _live_worker(store, "alive")
     await queue.enqueue("k")
-    [claimed] = await store.jobs.claim(["default"], 1, "gone", 30)
+    [claimed] = await store.jobs.claim(["default"], 1, "gone", 30, kinds=["k"])
     async with store.connection() as connection:
         await connection.execute("UPDATE agora.workers SET lease_expires_at = now() - interval '1 second' "
                                  "WHERE id = 'gone'")
@@ -130,13 +130,13 @@ async def test_a_claim_without_a_live_worker_lease_gives_the_job_its_own(queue: 
     await store.workers.register("w", "host", 1, ["default"])
     await queue.enqueue("k")
     await queue.enqueue("k")
-    [before_renewal] = await store.jobs.claim(["default"], 1, "w", 30)
+    [before_renewal] = await store.jobs.claim(["default"], 1, "w", 30, kinds=["k"])
     assert before_renewal.lease_expires_at is not None
     # the first renewal folds it into the worker's lease
     assert (await store.workers.renew_leases("w", 30, [(before_renewal.id, before_renewal.attempt)])).worker_renewed
     async with store.connection() as connection:
         await connection.execute("UPDATE agora.workers SET lease_expires_at = now() - interval '1 second'")
-    [after_it_passed] = await store.jobs.claim(["default"], 1, "w", 30)
+    [after_it_passed] = await store.jobs.claim(["default"], 1, "w", 30, kinds=["k"])
     assert after_it_passed.lease_expires_at is not None
     # the worker's lease passed: the job under it is rescued, the one with its own lease is not yet
     assert await JobRescuer(store, 3, 3).run_once() == [before_renewal.id]
@@ -151,7 +151,7 @@ async def test_a_worker_lease_is_let_go_only_once_it_covers_no_job(queue: Queue,
     await _live_worker(store, "gone")
     await _live_worker(store, "idle")
     await queue.enqueue("k")
-    await store.jobs.claim(["default"], 1, "gone", 30)
+    await store.jobs.claim(["default"], 1, "gone", 30, kinds=["k"])
     long_ago = f"now() - interval '{SETTLE_LEASE_SECONDS + 60} seconds'"
     async with store.connection() as connection:
         await connection.execute(f"UPDATE agora.workers SET lease_expires_at = {long_ago}, "
@@ -173,7 +173,7 @@ async def test_a_clean_stop_gives_up_the_worker_lease_unless_a_job_is_still_held
     await _live_worker(store, "idle")
     await _live_worker(store, "stuck")
     await queue.enqueue("k")
-    await store.jobs.claim(["default"], 1, "stuck", 30)
+    await store.jobs.claim(["default"], 1, "stuck", 30, kinds=["k"])
     await store.workers.stop("idle")
     await store.workers.stop("stuck")
     assert await _worker_lease(store, "idle") is None
@@ -242,7 +242,7 @@ async def test_a_job_longer_than_many_leases_runs_once_under_the_worker_lease(
 async def test_a_worker_whose_row_was_deleted_renews_leases_of_the_jobs_own(queue: Queue, store: Store) -> None:
     await _live_worker(store, "w")
     await queue.enqueue("k")
-    [claimed] = await store.jobs.claim(["default"], 1, "w", 30)
+    [claimed] = await store.jobs.claim(["default"], 1, "w", 30, kinds=["k"])
     assert claimed.lease_expires_at is None
     async with store.connection() as connection:
         await connection.execute("DELETE FROM agora.workers WHERE id = 'w'")  # by hand
@@ -258,7 +258,7 @@ async def test_running_jobs_no_worker_lease_can_cover_get_a_lease_and_are_rescue
     """A dead worker's row deleted by hand: its jobs, under its worker lease, are not stranded."""
     await _live_worker(store, "gone")
     await queue.enqueue("k")
-    [claimed] = await store.jobs.claim(["default"], 1, "gone", 30)
+    [claimed] = await store.jobs.claim(["default"], 1, "gone", 30, kinds=["k"])
     async with store.connection() as connection:
         await connection.execute("DELETE FROM agora.workers WHERE id = 'gone'")
     rescuer = JobRescuer(store, 3, 3, lease_seconds=0.5)
@@ -301,7 +301,7 @@ async def test_a_renewal_just_after_an_outcome_was_written_does_not_call_it_lost
     await _live_worker(store, "w")
     await queue.enqueue("k")
     await queue.enqueue("k")
-    done, failed = await store.jobs.claim(["default"], 2, "w", 30)
+    done, failed = await store.jobs.claim(["default"], 2, "w", 30, kinds=["k"])
     assert await store.jobs.complete_succeeded([(done.id, done.attempt)], "w") == {done.id}
     finish = JobFinish(failed.id, failed.attempt, "failed", "ValueError", "ValueError: no", None, 5.0, False)
     assert await store.jobs.finish([finish], "w", 3, 3) == {failed.id}

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 from pathlib import Path
 
 import yaml
 
 from agora_pg.api.metrics import render_metrics
+from agora_pg.db.job_rows import UnhandledJobs
 from agora_pg.db.run_rows import MetricsSnapshot
 from agora_pg.runtime.process_metrics import ProcessMetrics
 
@@ -19,7 +21,8 @@ def test_every_rule_is_well_formed_and_names_only_served_metrics() -> None:
     process.job_recorded("default", "k", "succeeded", 0.1, 0.1)
     process.schedule_started("p", 0.1)
     snapshot = MetricsSnapshot(live_jobs=[("default", "pending", 1)], oldest_due_seconds={"default": 1.0},
-                               schedules={}, schedules_in_backoff=0)
+                               schedules={}, schedules_in_backoff=0,
+                               unhandled=[UnhandledJobs("default", "ecoh", 1, datetime.now(UTC))])
     served = set(re.findall(r"^(agora_[a-z_]+)", render_metrics(snapshot, process).decode(), re.MULTILINE))
     [group] = yaml.safe_load(RULES.read_text())["groups"]
     names = set()
