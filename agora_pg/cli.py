@@ -116,13 +116,14 @@ def build_parser() -> argparse.ArgumentParser:
         command(jobs, action, f"{action} one job", f"agora-pg jobs {action} 42").add_argument(
             "job_id", type=int, help="the job's id")
 
-    schedules = command(commands, "schedules", "list, show, pause, resume or trigger pipeline schedules",
+    schedules = command(commands, "schedules", "list, show, pause, resume, trigger or delete schedules",
                         "agora-pg schedules pause nightly-report").add_subparsers(
         dest="action", required=True, metavar="ACTION")
     command(schedules, "list", "every schedule, by pipeline id", "agora-pg schedules list")
     for action, what in (("show", "one schedule"), ("pause", "no new run until resumed"),
                          ("resume", "a paused schedule, or one stopped after errors (due now)"),
-                         ("trigger", "run an active, idle schedule now, once")):
+                         ("trigger", "run an active, idle schedule now, once"),
+                         ("delete", "remove a schedule and its future ticks (its history stays)")):
         command(schedules, action, what, f"agora-pg schedules {action} nightly-report").add_argument(
             "pipeline_id", help="the scheduled pipeline's id")
 

@@ -19,6 +19,11 @@ from croniter import croniter
 from agora_pg.errors import InvalidSchedule
 
 ERROR_BACKOFF_CAP_SECONDS = 600.0  # the seed: exponential, capped at 10 minutes
+# A schedule no live process has declared for this long is orphaned: its code is gone or
+# its workers are down (a scheduler declares its schedules at most every 10 s, and passes
+# at least every 30 s). Mirrored by migration 0023's agora.schedule_health view.
+SCHEDULE_ORPHANED_AFTER_SECONDS = 120
+SCHEDULE_DECLARED_EVERY_SECONDS = 10
 
 
 @dataclasses.dataclass(frozen=True)

@@ -63,6 +63,10 @@ def render_metrics(snapshot: MetricsSnapshot, process: Collector | None = None) 
     Gauge(
         "agora_schedules_in_backoff", "Active schedules waiting out an error backoff.", registry=registry
     ).set(snapshot.schedules_in_backoff)
+    Gauge(
+        "agora_schedules_orphaned", "Schedules no live process has declared for 120 s (their code is gone, or their "
+        "workers are down).", registry=registry
+    ).set(snapshot.schedules_orphaned)
     limits = {
         name: Gauge(f"agora_kind_limit{suffix}", text, ["kind"], registry=registry)
         for name, suffix, text in (

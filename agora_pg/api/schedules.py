@@ -1,8 +1,8 @@
-"""``/schedules``: the durable state of scheduled pipelines; pause, resume, trigger."""
+"""``/schedules``: the durable state of scheduled pipelines; pause, resume, trigger, delete."""
 
 from __future__ import annotations
 
-from litestar import Controller, get, post
+from litestar import Controller, delete, get, post
 from litestar.di import NamedDependency
 from litestar.params import FromPath
 
@@ -42,6 +42,15 @@ class ScheduleController(Controller):
     async def trigger(self, pipeline_id: FromPath[str], store: NamedDependency[Store]) -> ScheduleOut:
         """Run an active, idle schedule now, once; then it keeps its schedule."""
         return ScheduleOut.of(await store.schedules.trigger(_pipeline_id(pipeline_id)))
+
+
+    @delete("/{pipeline_id:str}", status_code=200)
+    async def delete_schedule(self, pipeline_id: FromPath[str], store: NamedDependency[Store]) -> ScheduleOut:
+        """Delete a schedule and its future ticks (a run that has not started is cancelled,
+        one under way finishes); its run history stays. Returns the schedule as it was. A
+        worker whose code still declares it declares it again when it next starts."""
+        row, _cancelled = await store.schedules.delete(_pipeline_id(pipeline_id))
+        return ScheduleOut.of(row)
 
 
 def _pipeline_id(value: str) -> str:

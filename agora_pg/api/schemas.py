@@ -140,6 +140,9 @@ class ScheduleOut(msgspec.Struct, kw_only=True):
     error_backoff_seconds: float
     max_consecutive_errors: int
     job_kind: str | None = None
+    # no live process has declared the schedule since then (its code is gone, or its
+    # workers are down): delete it with DELETE /schedules/{pipeline_id}
+    orphaned_since: datetime | None = None
 
     @classmethod
     def of(cls, row: ScheduleRow) -> ScheduleOut:
@@ -150,7 +153,7 @@ class ScheduleOut(msgspec.Struct, kw_only=True):
             last_started_at=row.last_started_at, last_finished_at=row.last_finished_at,
             lease_owner=row.lease_owner, lease_expires_at=row.lease_expires_at,
             error_backoff_seconds=row.error_backoff_seconds, max_consecutive_errors=row.max_consecutive_errors,
-            job_kind=row.job_kind,
+            job_kind=row.job_kind, orphaned_since=row.orphaned_since,
         )
 
 

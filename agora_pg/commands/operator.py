@@ -24,7 +24,7 @@ from agora_pg.worker.handlers import apply_kinds
 
 JOB_HEADERS = ("id", "kind", "queue", "status", "retries", "run_at", "finished_at", "error")
 SCHEDULE_HEADERS = ("pipeline_id", "schedule", "enqueues", "state", "next_run_at", "errors", "last_status",
-                    "last_error")
+                    "last_error", "orphaned_since")
 RUN_HEADERS = ("id", "job_id", "pipeline_id", "attempt", "status", "started_at", "finished_at", "worker", "error")
 
 
@@ -55,7 +55,7 @@ def run_row(run: RunRow) -> tuple[object, ...]:
 
 def schedule_row(row: ScheduleRow) -> tuple[object, ...]:
     return (row.pipeline_id, row.schedule_spec, row.job_kind or "", row.state, row.next_run_at,
-            row.consecutive_errors, row.last_status, row.last_error)
+            row.consecutive_errors, row.last_status, row.last_error, row.orphaned_since)
 
 
 def parse_payload(text: str) -> dict[str, Any]:
@@ -169,8 +169,12 @@ async def list_schedules() -> str:
 
 
 async def change_schedule(action: str, pipeline_id: str) -> str:
-    """``show``, ``pause``, ``resume`` or ``trigger`` one schedule (as the HTTP API does)."""
+    """``show``, ``pause``, ``resume``, ``trigger`` or ``delete`` one schedule (as the HTTP API does)."""
     async with operator_store() as (store, _settings):
+        if action == "delete":
+            deleted, cancelled = await store.schedules.delete(pipeline_id)
+            return (render_table(SCHEDULE_HEADERS, [schedule_row(deleted)])
+                    + f"\ndeleted, with {cancelled} job(s) of its future ticks cancelled; its runs stay")
         if action == "show":
             row = await store.schedules.get(pipeline_id)
             if row is None:

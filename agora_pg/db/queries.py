@@ -11,7 +11,8 @@ from collections.abc import Sequence
 
 from agora_pg.db.predicates import ALIVE, CLAIMABLE, CLAIMABLE_NOW
 from agora_pg.jobs import JOB_FIELDS
-from agora_pg.schedules import ERROR_BACKOFF_CAP_SECONDS
+from agora_pg.schedules import (ERROR_BACKOFF_CAP_SECONDS, SCHEDULE_DECLARED_EVERY_SECONDS,
+                                SCHEDULE_ORPHANED_AFTER_SECONDS)
 
 # Every field of ``jobs.Job``, in its order (jsonb as text: decoded in Python).
 JOB_COLUMNS = ", ".join(f"{name}::text AS {name}" if name in ("payload", "progress") else name for name in JOB_FIELDS)
@@ -839,10 +840,13 @@ SELECT_SCHEMA_VERSIONS = "SELECT version_num FROM agora.alembic_version"
 # -- schedules -------------------------------------------------------------------
 
 # A schedule's columns, with its live run (a pipeline's job that is pending or running):
-# the job's id, the worker running it and until when that worker's lease holds.
+# the job's id, the worker running it and until when that worker's lease holds; and since
+# when it is orphaned (no live process declared it for SCHEDULE_ORPHANED_AFTER_SECONDS).
 SCHEDULE_COLUMNS = (
     "pipeline_id, schedule_kind, schedule_spec, state, next_run_at, consecutive_errors, last_error, "
     "last_status, last_started_at, last_finished_at, error_backoff_seconds, max_consecutive_errors, job_kind, "
+    f"CASE WHEN declared_at < now() - interval '{SCHEDULE_ORPHANED_AFTER_SECONDS} seconds' THEN declared_at END "
+    "AS orphaned_since, "
     f"(SELECT j.id {_live_job_of('pipeline_id')}) AS job_id, "
     f"(SELECT j.locked_by {_live_job_of('pipeline_id')}) AS lease_owner, "
     "(SELECT COALESCE(j.lease_expires_at, (SELECT w.lease_expires_at FROM agora.workers AS w "
@@ -869,7 +873,7 @@ ON CONFLICT (pipeline_id) DO UPDATE SET
                  ELSE s.state END,
     error_backoff_seconds = EXCLUDED.error_backoff_seconds,
     max_consecutive_errors = EXCLUDED.max_consecutive_errors,
-    updated_at = now()
+    updated_at = now(), declared_at = now()
 RETURNING {SCHEDULE_COLUMNS}
 """
 
@@ -886,8 +890,48 @@ SELECT {SCHEDULE_COLUMNS}, extract(epoch FROM next_run_at - clock_timestamp()) A
 FROM agora.schedules WHERE pipeline_id = $1
 """
 
-# The same for the schedules of pipelines $1 (text[]).
-SELECT_SCHEDULES = SELECT_SCHEDULE.replace("WHERE pipeline_id = $1", "WHERE pipeline_id = ANY($1::text[])")
+# The same for the schedules $1 (text[]) that the process reading them declares: their
+# declared_at is brought up to date (at most every SCHEDULE_DECLARED_EVERY_SECONDS).
+SELECT_DECLARED_SCHEDULES = f"""
+WITH declared AS (
+    UPDATE agora.schedules SET declared_at = now()
+    WHERE pipeline_id = ANY($1::text[])
+      AND declared_at < now() - interval '{SCHEDULE_DECLARED_EVERY_SECONDS} seconds'
+)
+{SELECT_SCHEDULE.replace("WHERE pipeline_id = $1", "WHERE pipeline_id = ANY($1::text[])")}"""
+
+# Delete schedule $1 and its future ticks: a pipeline's run that has not started, and the
+# jobs its periodic ticks enqueued ahead (due later, not started) are cancelled; a run under
+# way finishes (its end finds no schedule to update). Its runs stay. Returns the schedule
+# as it was, and how many jobs were cancelled.
+DELETE_SCHEDULE = f"""
+WITH schedule AS (
+    SELECT {SCHEDULE_COLUMNS} FROM agora.schedules WHERE pipeline_id = $1 FOR UPDATE
+), removed AS (
+    DELETE FROM agora.schedules WHERE pipeline_id = (SELECT pipeline_id FROM schedule)
+), ahead AS (
+    SELECT (r.result->>'job_id')::bigint AS id FROM agora.runs AS r
+    WHERE r.pipeline_id = (SELECT pipeline_id FROM schedule) AND r.job_id IS NULL AND r.scheduled_for > now()
+    UNION ALL
+    SELECT j.id FROM agora.jobs AS j
+    WHERE j.dedup_key = '{PIPELINE_DEDUP_PREFIX}' || (SELECT pipeline_id FROM schedule) AND j.status = 'pending'
+), cancelled AS (
+    UPDATE agora.jobs AS j SET status = 'cancelled', finished_at = now(), delayed = false
+    FROM ahead WHERE j.id = ahead.id AND ({CLAIMABLE})
+    RETURNING j.id
+)
+SELECT schedule.*, (SELECT count(*) FROM cancelled)::int AS cancelled_jobs,
+       pg_notify('{SCHEDULES_CHANNEL}', schedule.pipeline_id) AS woken
+FROM schedule
+"""
+
+# The orphaned schedules other than $1 (text[]: those the caller declares), deleted with
+# DELETE_SCHEDULE one by one (a WorkerPool's retire_undeclared_schedules).
+ORPHANED_SCHEDULES = f"""
+SELECT pipeline_id FROM agora.schedules
+WHERE declared_at < now() - interval '{SCHEDULE_ORPHANED_AFTER_SECONDS} seconds' AND NOT pipeline_id = ANY($1::text[])
+ORDER BY pipeline_id
+"""
 
 # No job of schedule s is alive: a pipeline's next run is due only once its last one ended.
 _NO_LIVE_RUN = f"NOT EXISTS (SELECT {_live_job_of('s.pipeline_id')})"
@@ -1079,10 +1123,12 @@ RETURNING {SCHEDULE_COLUMNS}, {_WAKE_SCHEDULE}
 # "queue right now" query reads too, so that both count the same jobs.
 METRIC_QUEUE_NOW = "SELECT queue, state, jobs, oldest_due_seconds FROM agora.queue_now"
 
-# Schedules by state, and how many active ones are backing off after errors.
-METRIC_SCHEDULES = """
+# Schedules by state, how many active ones are backing off after errors, and how many
+# no live process declares (orphaned).
+METRIC_SCHEDULES = f"""
 SELECT state, count(*) AS schedules,
-       count(*) FILTER (WHERE state = 'active' AND consecutive_errors > 0) AS in_backoff
+       count(*) FILTER (WHERE state = 'active' AND consecutive_errors > 0) AS in_backoff,
+       count(*) FILTER (WHERE declared_at < now() - interval '{SCHEDULE_ORPHANED_AFTER_SECONDS} seconds') AS orphaned
 FROM agora.schedules GROUP BY state
 """
 

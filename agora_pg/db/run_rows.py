@@ -52,6 +52,7 @@ class MetricsSnapshot:
     tallies: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # agora.process_tallies' snapshots
     queue_limits: dict[str, QueueLimit] = dataclasses.field(default_factory=dict)  # queue -> its limits
     unhandled: list[UnhandledJobs] = dataclasses.field(default_factory=list)  # jobs no live worker handles
+    schedules_orphaned: int = 0  # schedules no live process declares
 
 
 @dataclasses.dataclass(frozen=True)

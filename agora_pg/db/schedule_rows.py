@@ -55,6 +55,7 @@ class ScheduleRow:
     lease_owner: str | None = None  # the worker running that job
     lease_expires_at: datetime | None = None  # until when that worker's lease holds
     due_in_seconds: float | None = None
+    orphaned_since: datetime | None = None  # no live process has declared it since then
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> ScheduleRow:

@@ -43,10 +43,11 @@ class ScheduleTable:
         rows = await self._store.fetch(queries.SELECT_SCHEDULE, pipeline_id)
         return ScheduleRow.from_row(rows[0]) if rows else None
 
-    async def get_many(self, pipeline_ids: Sequence[str]) -> dict[str, ScheduleRow]:
-        """The schedule rows of ``pipeline_ids`` (one statement), by pipeline id; a
-        pipeline without one is absent."""
-        rows = await self._store.fetch(queries.SELECT_SCHEDULES, list(pipeline_ids))
+    async def declared(self, pipeline_ids: Sequence[str]) -> dict[str, ScheduleRow]:
+        """The rows of the schedules ``pipeline_ids`` that this process declares (one
+        statement, which records that a live process declares them), by pipeline id; a
+        schedule without a row (deleted) is absent."""
+        rows = await self._store.fetch(queries.SELECT_DECLARED_SCHEDULES, list(pipeline_ids))
         return {row["pipeline_id"]: ScheduleRow.from_row(row) for row in rows}
 
     async def enqueue_due_ticks(
@@ -113,6 +114,18 @@ class ScheduleTable:
             queries.TRIGGER_SCHEDULE, pipeline_id, "trigger",
             "only an active schedule that is not running can be triggered",
         )
+
+    async def delete(self, pipeline_id: str) -> tuple[ScheduleRow, int]:
+        """Delete a schedule and its future ticks (``queries.DELETE_SCHEDULE``); its runs
+        stay. Returns the schedule as it was and how many jobs of its ticks were cancelled."""
+        rows = await self._store.fetch(queries.DELETE_SCHEDULE, pipeline_id)
+        if not rows:
+            raise ScheduleNotFound(pipeline_id)
+        return ScheduleRow.from_row(rows[0]), int(rows[0]["cancelled_jobs"])
+
+    async def orphaned(self, declared: Sequence[str] = ()) -> list[str]:
+        """The orphaned schedules, other than ``declared``."""
+        return [row["pipeline_id"] for row in await self._store.fetch(queries.ORPHANED_SCHEDULES, list(declared))]
 
     async def _change(self, statement: str, pipeline_id: str, action: str, problem: str) -> ScheduleRow:
         rows = await self._store.fetch(statement, pipeline_id)

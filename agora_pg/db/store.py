@@ -228,6 +228,7 @@ class Store:
             ),
             schedules={row["state"]: row["schedules"] for row in schedules},
             schedules_in_backoff=sum(row["in_backoff"] for row in schedules),
+            schedules_orphaned=sum(row["orphaned"] for row in schedules),
             kind_limits=[KindLimitNow(**dict(row.items())) for row in limits],
             tallies=[json.loads(row["tallies"]) for row in tallies],
             queue_limits={row["queue"]: queue_limit_of(row) for row in queue_limits},

@@ -153,6 +153,7 @@ schedules = Table(
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=text("now()"), comment="When the pipeline was first registered."),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=text("now()"), comment="When a worker last registered it."),
     Column("job_kind", Text, nullable=True, comment="A periodic job's kind: each tick enqueues one job of it. NULL: the schedule runs a pipeline."),
+    Column("declared_at", DateTime(timezone=True), nullable=False, server_default=text("now()"), comment="When a live process last declared the schedule (registered it, or its scheduler read it: at most every 10 s); 120 s without one: orphaned."),
     CheckConstraint("schedule_kind IN ('every', 'cron', 'continuous', 'once')", name="schedules_kind_check"),
     CheckConstraint("state IN ('active', 'paused', 'stopped', 'completed')", name="schedules_state_check"),
     comment="One row per schedule (a pipeline's or a periodic job's): its durable state.",

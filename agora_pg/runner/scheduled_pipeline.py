@@ -61,11 +61,12 @@ class PipelineStatus:
     last_error: str | None
 
     @classmethod
-    def of(cls, pipeline_id: str, row: ScheduleRow | None, running: bool = False) -> PipelineStatus:
-        """The status a schedule row says (None: not read yet)."""
+    def of(cls, pipeline_id: str, row: ScheduleRow | None, running: bool = False,
+           deleted: bool = False) -> PipelineStatus:
+        """The status a schedule row says (None: not read yet, or ``deleted``)."""
         return cls(
             pipeline_id=pipeline_id,
-            state=row.state if row else "starting",
+            state="deleted" if deleted else row.state if row else "starting",
             running=running,
             next_run_at=row.next_run_at if row else None,
             last_started_at=row.last_started_at if row else None,
@@ -158,6 +159,7 @@ class PipelineSchedule:
         self.succeeded_here = False  # a run of this launch succeeded (a once-per-launch schedule is done)
         self.last_error: BaseException | None = None  # what this launch's last failed run raised
         self.row: ScheduleRow | None = None  # the schedule row as last read
+        self.deleted = False  # its row was deleted while this process ran it (no tick runs here any more)
         self.stopped_at_launch = False  # its schedule was stopped when registered (ScheduleStopped)
         self._stop_pool: Callable[[], None] | None = None  # the pool's stop(), once registered in one
 
@@ -170,7 +172,7 @@ class PipelineSchedule:
 
     @property
     def status(self) -> PipelineStatus:
-        return PipelineStatus.of(self.pipeline_id, self.row, self.running)
+        return PipelineStatus.of(self.pipeline_id, self.row, self.running, self.deleted)
 
     def plan(self, due: DueTick) -> TickJob:
         """The job that runs a due tick: it carries the tick, the spec it was planned

@@ -16,14 +16,16 @@ a new cron schedule included.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
+import time
 import uuid
 from collections.abc import Callable, Sequence
 
 from agora_pg.db.schedule_rows import ScheduleRegistration, ScheduleRow, TickJob
 from agora_pg.db.store import Store
-from agora_pg.errors import DatabaseUnavailable
+from agora_pg.errors import DatabaseUnavailable, ScheduleNotFound
 from agora_pg.jobs import Job
 from agora_pg.lifecycle import WakeSignal
 from agora_pg.runner.periodic_job import PeriodicJob
@@ -34,6 +36,7 @@ from agora_pg.runtime.process import ErrorWait
 log = logging.getLogger("agora_pg.runner")
 
 MAX_WAIT = 30.0  # an idle scheduler looks at its schedules at least this often
+RETIRE_EVERY_SECONDS = 60.0  # how often a scheduler that retires orphaned schedules looks for them
 MIN_WAIT = 0.05  # a tick due now that another process is enqueueing: look again shortly
 # Ticks are enqueued this long before they fall due, as jobs due at the tick: at the tick
 # only their promotion (by the workers' promoters) and claim remain, not the scheduler's
@@ -58,7 +61,7 @@ class Scheduler:
 
     def __init__(
         self, store: Store, worker_id: str, schedules: Sequence[PeriodicJob | PipelineSchedule],
-        max_wait: float = MAX_WAIT,
+        max_wait: float = MAX_WAIT, *, retire_undeclared: bool = False,
     ) -> None:
         self.store = store
         self.worker_id = worker_id
@@ -67,6 +70,9 @@ class Scheduler:
         self.launches: dict[str, str] = {}  # each once-per-launch pipeline's launch, once registered
         self.max_wait = max_wait
         self.rows: dict[str, ScheduleRow] = {}  # the schedules as last read, for the health server
+        self.deleted: set[str] = set()  # schedules deleted while this process serves them
+        self.retire_undeclared = retire_undeclared  # delete the orphaned schedules of other code
+        self._retired_at = -RETIRE_EVERY_SECONDS
         self.passed = asyncio.Event()  # set after each pass that read the rows (the pool watches them)
         # called at each pipeline tick: the pipeline worker's wake (its runs' jobs are claimable
         # from their tick, with no promotion that would wake it)
@@ -99,6 +105,16 @@ class Scheduler:
                 log.info("pipeline %s registered: %s, state %s, next run %s", item.pipeline_id, schedule.spec,
                          row.state, row.next_run_at)
 
+    async def retire_orphans(self) -> None:
+        """Delete the schedules no live process has declared for
+        ``SCHEDULE_ORPHANED_AFTER_SECONDS``, except this process's own (their code is gone)."""
+        for pipeline_id in await self.store.schedules.orphaned(list(self.schedules)):
+            with contextlib.suppress(ScheduleNotFound):  # (another process retired it first)
+                row, cancelled = await self.store.schedules.delete(pipeline_id)
+                log.warning("schedule %s retired: no live process has declared it since %s (%d ticks cancelled)",
+                            pipeline_id, row.orphaned_since, cancelled)
+        self._retired_at = time.monotonic()
+
     async def run_once(self) -> SchedulerPass:
         """Enqueue every due tick; returns what was enqueued and how long to wait."""
         enqueued = await self.store.schedules.enqueue_due_ticks(
@@ -110,7 +126,16 @@ class Scheduler:
         next_ticks = await self.store.schedules.next_ticks(self.wanted, self.launches)
         self._wake_pipeline_worker_in(next_ticks.run_in)
         due_in = next_ticks.due_in
-        self.rows = await self.store.schedules.get_many(list(self.schedules))
+        self.rows = await self.store.schedules.declared(list(self.schedules))
+        if self.retire_undeclared and time.monotonic() - self._retired_at >= RETIRE_EVERY_SECONDS:
+            await self.retire_orphans()
+        for pipeline_id in sorted(self.schedules.keys() - self.rows.keys() - self.deleted):
+            self.deleted.add(pipeline_id)
+            item = self.schedules[pipeline_id]
+            if isinstance(item, PipelineSchedule):
+                item.row, item.deleted = None, True
+            log.warning("schedule %s was deleted: this process runs no more of its ticks (its code declares it "
+                        "again when the process next starts)", pipeline_id)
         for pipeline_id, row in self.rows.items():
             item = self.schedules[pipeline_id]
             if isinstance(item, PipelineSchedule):

@@ -75,7 +75,11 @@ class WorkerPool:
     registered, as concurrent asyncio tasks; the ticks of registered ``PeriodicJob``s are
     enqueued by the pool's ``Scheduler``. ``health_port`` starts a
     HealthServer (/health, /ready, /metrics) on ``health_host`` (loopback unless
-    ``WORKER_HEALTH_HOST`` or this says otherwise); without it there is no server."""
+    ``WORKER_HEALTH_HOST`` or this says otherwise); without it there is no server.
+    ``retire_undeclared_schedules``: delete the schedules that no live process has
+    declared for ``SCHEDULE_ORPHANED_AFTER_SECONDS`` (120 s) and this pool does not
+    declare (their code is gone), looking every minute; off by default, for a database
+    whose every schedule belongs to the code of this pool's deployment."""
 
     def __init__(
         self,
@@ -84,12 +88,14 @@ class WorkerPool:
         *,
         settings: Settings | None = None,
         health_host: str = DEFAULT_HOST,
+        retire_undeclared_schedules: bool = False,
     ) -> None:
         if graceful_shutdown_timeout < 0:
             raise ValueError("graceful_shutdown_timeout must be >= 0")
         self.health_port = health_port
         self.health_host = health_host
         self.graceful_shutdown_timeout = graceful_shutdown_timeout
+        self.retire_undeclared_schedules = retire_undeclared_schedules
         self.settings = settings
         self.pipelines: list[PipelineSchedule] = []
         self.periodic_jobs: list[PeriodicJob] = []
@@ -217,7 +223,8 @@ class WorkerPool:
         scheduling = None
         if self.pipelines or self.periodic_jobs:
             self.scheduler = Scheduler(store, worker_id, [*self.pipelines, *self.periodic_jobs],
-                                       MAX_WAIT if settings.notifications else settings.poll_seconds)
+                                       MAX_WAIT if settings.notifications else settings.poll_seconds,
+                                       retire_undeclared=self.retire_undeclared_schedules)
             if self.pipeline_worker is not None:
                 self.scheduler.on_tick = self.pipeline_worker.wake
             scheduling = asyncio.create_task(self.scheduler.run(self._stopping), name="scheduler")
@@ -357,7 +364,9 @@ class WorkerPool:
         statuses = {p.pipeline_id: p.status for p in self.pipelines}
         rows = self.scheduler.rows if self.scheduler is not None else {}
         for periodic in self.periodic_jobs:
-            statuses[periodic.pipeline_id] = PipelineStatus.of(periodic.pipeline_id, rows.get(periodic.pipeline_id))
+            statuses[periodic.pipeline_id] = PipelineStatus.of(
+                periodic.pipeline_id, rows.get(periodic.pipeline_id),
+                deleted=self.scheduler is not None and periodic.pipeline_id in self.scheduler.deleted)
         return statuses
 
     def _pipeline_report(self) -> dict[str, Any]:

@@ -204,13 +204,14 @@ async def test_job_of_a_killed_worker_is_finished_by_another(
             "SELECT retry_count, lost_count, error_message FROM agora.jobs WHERE id = $1", job.id
         )
         runs = await connection.fetch(
-            "SELECT attempt, status, worker_id FROM agora.runs WHERE job_id = $1 ORDER BY attempt", job.id
+            "SELECT attempt, status, worker_id, error_message FROM agora.runs WHERE job_id = $1 ORDER BY attempt", job.id
         )
         executed = await connection.fetchval("SELECT attempt FROM public.executions WHERE job_id = $1", job.id)
     finally:
         await connection.close()
     assert (final["retry_count"], final["lost_count"]) == (0, 1)  # a lost attempt, not a failed one
-    assert final["error_message"].startswith(f"WorkerLost: worker {doomed_id} stopped renewing its lease")
+    assert final["error_message"] is None  # (done: the lost attempt's error is its run's)
+    assert runs[0]["error_message"].startswith(f"WorkerLost: worker {doomed_id} stopped renewing its lease")
     assert [(run["attempt"], run["status"]) for run in runs] == [(1, "abandoned"), (2, "succeeded")]
     assert runs[0]["worker_id"] == doomed_id != runs[1]["worker_id"]
     assert executed == 2

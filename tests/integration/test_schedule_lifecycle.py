@@ -1,0 +1,113 @@
+"""A schedule's lifecycle: declared by the processes whose code registers it, orphaned
+when none has for a while, deleted by hand (API, CLI) or retired by a pool that asks."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from agora_pg.db.store import Store
+from agora_pg.runner import PeriodicJob, Schedule
+from agora_pg.runner.scheduler import Scheduler
+from agora_pg.schedules import SCHEDULE_ORPHANED_AFTER_SECONDS
+from agora_pg.settings import Settings
+
+from .test_api import api_client
+from .test_scheduler import make_due
+
+
+@pytest.fixture
+async def client(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+    async with api_client(settings) as test_client:
+        yield test_client
+
+
+async def _last_declared(store: Store, pipeline_id: str, seconds_ago: float) -> None:
+    async with store.connection() as connection:
+        await connection.execute("UPDATE agora.schedules SET declared_at = now() - make_interval(secs => $2) "
+                                 "WHERE pipeline_id = $1", pipeline_id, seconds_ago)
+
+
+async def _job_statuses(store: Store, kind: str) -> list[str]:
+    async with store.connection() as connection:
+        return [row[0] for row in await connection.fetch("SELECT status FROM agora.jobs WHERE kind = $1 ORDER BY id",
+                                                         kind)]
+
+
+async def test_a_schedule_no_process_declares_shows_as_orphaned_until_one_does_again(
+    store: Store, client: httpx.AsyncClient
+) -> None:
+    scheduler = Scheduler(store, "w1", [PeriodicJob("report", Schedule.every(hours=1))])
+    await scheduler.register()
+    assert (await client.get("/schedules/periodic:report")).json()["orphaned_since"] is None
+    await _last_declared(store, "periodic:report", SCHEDULE_ORPHANED_AFTER_SECONDS + 5)
+    orphaned = (await client.get("/schedules/periodic:report")).json()
+    assert orphaned["orphaned_since"] is not None
+    assert "agora_schedules_orphaned 1.0" in (await client.get("/metrics")).text
+    page = (await client.get("/ui/fragments/schedules")).text
+    assert "orphaned" in page and "No live worker has declared this schedule since" in page
+    await scheduler.run_once()  # (a live process's pass declares it again)
+    assert (await client.get("/schedules/periodic:report")).json()["orphaned_since"] is None
+    assert "agora_schedules_orphaned 0.0" in (await client.get("/metrics")).text
+
+
+async def test_deleting_a_schedule_cancels_its_future_ticks_keeps_its_history_and_stays_deleted(
+    store: Store, client: httpx.AsyncClient
+) -> None:
+    serving = Scheduler(store, "w1", [PeriodicJob("report", Schedule.every(hours=1))])
+    await serving.register()
+    await make_due(store, "periodic:report", "2 hours")
+    [(_tick, ran)] = (await serving.run_once()).enqueued  # a tick that was due: its job is history
+    # and the next tick's, enqueued ahead of its tick (a scheduler takes ticks due within 0.2 s;
+    # within two hours here, so that it is still ahead when deleted)
+    [(_ahead_tick, ahead)] = await store.schedules.enqueue_due_ticks(
+        serving.wanted, lambda due: serving.schedules[due.pipeline_id].plan(due), "w1", ahead_seconds=7200)
+    assert await _job_statuses(store, "report") == ["pending", "pending"]
+    response = await client.delete("/schedules/periodic:report")
+    assert response.status_code == 200 and response.json()["pipeline_id"] == "periodic:report"
+    assert (await client.get("/schedules/periodic:report")).status_code == 404
+    assert (await client.delete("/schedules/periodic:report")).status_code == 404
+    assert await _job_statuses(store, "report") == ["pending", "cancelled"]  # (the due tick's job still runs)
+    assert (await store.jobs.get(ahead.id)).status.value == "cancelled" and ran.id != ahead.id
+    async with store.connection() as connection:
+        assert await connection.fetchval("SELECT count(*) FROM agora.runs WHERE pipeline_id = 'periodic:report'") == 2
+    # the process that served it runs no more of its ticks, and says so
+    assert (await serving.run_once()).enqueued == [] and serving.deleted == {"periodic:report"}
+    # a process whose code does not declare it never brings it back; one whose code does, does
+    await Scheduler(store, "w3", [PeriodicJob("other", Schedule.every(hours=1))]).register()
+    assert await store.schedules.get("periodic:report") is None
+    await Scheduler(store, "w4", [PeriodicJob("report", Schedule.every(hours=1))]).register()
+    assert await store.schedules.get("periodic:report") is not None
+
+
+async def test_the_cli_deletes_a_schedule_and_an_unknown_one_is_one_line(
+    store: Store, database_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from agora_pg.cli import main
+
+    await Scheduler(store, "w1", [PeriodicJob("report", Schedule.every(hours=1))]).register()
+    monkeypatch.setenv("AGORA_PG_DATABASE_URL", database_url)
+    assert await asyncio.to_thread(main, ["schedules", "delete", "periodic:report"]) == 0
+    assert "deleted, with 0 job(s) of its future ticks cancelled; its runs stay" in capsys.readouterr().out
+    assert await asyncio.to_thread(main, ["schedules", "delete", "periodic:report"]) != 0
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("agora-pg:")]
+    assert len(errors) == 1 and "periodic:report" in errors[0], errors
+
+
+async def test_a_pool_that_retires_undeclared_schedules_deletes_the_orphans_of_other_code(store: Store) -> None:
+    await Scheduler(store, "old", [PeriodicJob("gone", Schedule.every(hours=1)),
+                                   PeriodicJob("recent", Schedule.every(hours=1))]).register()
+    await _last_declared(store, "periodic:gone", SCHEDULE_ORPHANED_AFTER_SECONDS + 5)
+    mine = Scheduler(store, "new", [PeriodicJob("kept", Schedule.every(hours=1))], retire_undeclared=True)
+    await mine.register()
+    await _last_declared(store, "periodic:kept", SCHEDULE_ORPHANED_AFTER_SECONDS + 5)  # (its own: never retired)
+    await mine.run_once()
+    assert [row.pipeline_id for row in await store.schedules.all()] == ["periodic:kept", "periodic:recent"]
+    polite = Scheduler(store, "other", [PeriodicJob("x", Schedule.every(hours=1))])  # (the default: retires none)
+    await polite.register()
+    await _last_declared(store, "periodic:recent", SCHEDULE_ORPHANED_AFTER_SECONDS + 5)
+    await polite.run_once()
+    assert await store.schedules.get("periodic:recent") is not None
