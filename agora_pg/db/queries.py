@@ -438,7 +438,9 @@ SELECT id, pg_notify('agora_jobs', queue) FROM released
 # counts: the next run waits min(600, error_backoff_seconds * 2^(n-1)) after the n-th in a
 # row from its end (schedules.error_backoff; a lost run's wait for its lease counts) and the schedule stops at max_consecutive_errors; a success
 # resets the count and sets the next run the payload names (none: a once schedule,
-# completed). A spec changed meanwhile (registered again) keeps the next run and state the
+# completed). The next run is never earlier than the schedule's next run now: a run retried
+# by hand long after its tick (its payload's next run is stale) never moves the schedule
+# backwards. A spec changed meanwhile (registered again) keeps the next run and state the
 # registration set; a schedule paused or stopped meanwhile keeps its state. Runs outside a
 # schedule (no spec in the payload) change no schedule. The schedulers are woken.
 _PIPELINE_RUN_ENDED = f"""scheduled AS (
@@ -449,11 +451,12 @@ _PIPELINE_RUN_ENDED = f"""scheduled AS (
                                   WHEN e.run_status = 'succeeded' THEN 0 ELSE s.consecutive_errors END,
         next_run_at = CASE
             WHEN s.schedule_spec IS DISTINCT FROM e.payload->>'spec' THEN s.next_run_at
-            WHEN e.run_status IN ('failed', 'abandoned') THEN GREATEST(now(), e.ended_at + make_interval(secs => LEAST(
-                {ERROR_BACKOFF_CAP_SECONDS}, s.error_backoff_seconds * power(2, LEAST(s.consecutive_errors, 62)))))
+            WHEN e.run_status IN ('failed', 'abandoned') THEN GREATEST(s.next_run_at, now(), e.ended_at + make_interval(
+                secs => LEAST({ERROR_BACKOFF_CAP_SECONDS}, s.error_backoff_seconds * power(2, LEAST(s.consecutive_errors, 62)))))
             WHEN e.released THEN now()
-            WHEN e.payload ? 'next_at' THEN (e.payload->>'next_at')::timestamptz
-            WHEN e.payload ? 'next_in_seconds' THEN now() + make_interval(secs => (e.payload->>'next_in_seconds')::float8)
+            WHEN e.payload ? 'next_at' THEN GREATEST(s.next_run_at, (e.payload->>'next_at')::timestamptz)
+            WHEN e.payload ? 'next_in_seconds' THEN GREATEST(s.next_run_at,
+                now() + make_interval(secs => (e.payload->>'next_in_seconds')::float8))
             ELSE s.next_run_at END,
         state = CASE
             WHEN s.schedule_spec IS DISTINCT FROM e.payload->>'spec' OR s.state <> 'active' THEN s.state

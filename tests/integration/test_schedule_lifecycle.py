@@ -9,12 +9,14 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
+from agora_pg.db import queries
 from agora_pg.db.store import Store
-from agora_pg.runner import PeriodicJob, Schedule
+from agora_pg.runner import PeriodicJob, Schedule, ScheduledPipeline
 from agora_pg.runner.scheduler import Scheduler
 from agora_pg.schedules import SCHEDULE_ORPHANED_AFTER_SECONDS
 from agora_pg.settings import Settings
 
+from .helpers import record_failure
 from .test_api import api_client
 from .test_scheduler import make_due
 
@@ -111,3 +113,25 @@ async def test_a_pool_that_retires_undeclared_schedules_deletes_the_orphans_of_o
     await _last_declared(store, "periodic:recent", SCHEDULE_ORPHANED_AFTER_SECONDS + 5)
     await polite.run_once()
     assert await store.schedules.get("periodic:recent") is not None
+
+
+async def test_a_failed_run_retried_by_hand_later_never_moves_its_schedule_backwards(store: Store) -> None:
+    async def build() -> object:
+        raise AssertionError("not run here: the test plays the worker")
+
+    scheduler = Scheduler(store, "w1", [ScheduledPipeline(build, Schedule.every(hours=1), "hourly")])
+    await scheduler.register()
+    await make_due(store, "hourly")
+    [(_tick, job)] = (await scheduler.run_once()).enqueued
+    [claimed] = await store.jobs.claim([queries.PIPELINE_QUEUE], 1, "w1", 30, kinds=["hourly"])
+    await record_failure(store, claimed.id, claimed.attempt, "w1", "boom")
+    failed = await store.schedules.get("hourly")
+    assert failed is not None and failed.consecutive_errors == 1
+    async with store.connection() as connection:  # later ticks ran and succeeded meanwhile
+        later = await connection.fetchval("UPDATE agora.schedules SET next_run_at = now() + interval '5 hours', "
+                                          "consecutive_errors = 0 WHERE pipeline_id = 'hourly' RETURNING next_run_at")
+    await store.jobs.retry(job.id)  # the old run, by hand: its payload's next run is an hour after its tick
+    [again] = await store.jobs.claim([queries.PIPELINE_QUEUE], 1, "w1", 30, kinds=["hourly"])
+    await store.jobs.complete_succeeded([(again.id, again.attempt)], "w1")
+    after = await store.schedules.get("hourly")
+    assert after is not None and (after.last_status, after.next_run_at) == ("succeeded", later)
