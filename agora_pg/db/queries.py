@@ -149,17 +149,31 @@ SELECT_JOB = f"SELECT {JOB_READ_COLUMNS} FROM agora.jobs WHERE id = $1"
 # Cancel job $1: one that has not started (pending, or failed and waiting for a retry)
 # becomes cancelled; a running one is marked for its worker, which is woken on
 # agora_cancel (payload: the job id) and stops the attempt (its renewal sees the mark too).
+# A scheduled pipeline's run cancelled before it started skips its tick: the schedule
+# moves on to the run after it, as after a success (none for a once schedule: it waits
+# for a trigger), never backwards, and its schedulers are woken.
 CANCEL_JOB = f"""
 WITH waiting AS (
     UPDATE agora.jobs SET status = 'cancelled', finished_at = now(), delayed = false
     WHERE id = $1 AND ({CLAIMABLE})
-    RETURNING {JOB_COLUMNS}
+    RETURNING {JOB_COLUMNS}, payload AS run_plan
 ), running AS (
     UPDATE agora.jobs SET cancel_requested_at = COALESCE(cancel_requested_at, now())
     WHERE id = $1 AND status = 'processing'
     RETURNING {JOB_COLUMNS}, pg_notify('{{cancel_channel}}', id::text) AS woken
+), skipped AS (
+    UPDATE agora.schedules AS s
+    SET next_run_at = CASE
+            WHEN w.run_plan ? 'next_at' THEN GREATEST(s.next_run_at, (w.run_plan->>'next_at')::timestamptz)
+            WHEN w.run_plan ? 'next_in_seconds' THEN GREATEST(s.next_run_at,
+                now() + make_interval(secs => (w.run_plan->>'next_in_seconds')::float8))
+            END,
+        updated_at = now()
+    FROM waiting AS w
+    WHERE w.queue = '{PIPELINE_QUEUE}' AND s.pipeline_id = w.kind AND s.schedule_spec = w.run_plan->>'spec'
+    RETURNING pg_notify('{SCHEDULES_CHANNEL}', s.pipeline_id)
 )
-SELECT {JOB_COLUMNS} FROM waiting
+SELECT {JOB_COLUMNS} FROM waiting WHERE (SELECT count(*) FROM skipped) >= 0
 UNION ALL
 SELECT {JOB_COLUMNS} FROM running
 """
@@ -974,8 +988,8 @@ LAUNCH_SUCCEEDED = f"SELECT EXISTS ({_launch_done('$1', '$2')})"
 
 # Record ticks turned into jobs: schedule $1[i]'s tick $2[i] enqueued job $3[i]; its next run
 # is $4[i] (NULL: never, the schedule is completed). Each tick is a succeeded run of worker $5
-# whose result names the job; the runs' unique (pipeline_id, scheduled_for) key makes a tick
-# recorded twice impossible.
+# whose result names the job. A tick is recorded once: DUE_TICKS locks its schedule row until
+# this transaction, which also moves the schedule past it, commits.
 RECORD_TICKS = """
 WITH ticked AS (
     SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::bigint[], $4::timestamptz[])

@@ -116,7 +116,7 @@ runs = Table(
     Column("status", Text, nullable=False, server_default=text("'running'"), comment="running, succeeded, failed, abandoned (lease lost: worker gone or cut off) or cancelled (on request, or released at shutdown)."),
     Column("error_type", Text, nullable=True, comment="Exception class name of a failed attempt."),
     Column("error_message", Text, nullable=True, comment="Type and text of the error."),
-    Column("scheduled_for", DateTime(timezone=True), nullable=True, comment="The schedule tick a pipeline run belongs to; unique per pipeline."),
+    Column("scheduled_for", DateTime(timezone=True), nullable=True, comment="The schedule tick the run belongs to (a pipeline's run, or a periodic job's tick); not unique: a run retried by hand is another run of its tick."),
     Column("traceback", Text, nullable=True, comment="Traceback of a failed attempt (capped in size)."),
     Column("progress", JSONB, nullable=True, comment="Latest progress of the attempt: a job's last report, a pipeline run's records read, written and rejected."),
     Column("result", JSONB, nullable=True, comment="What the handler of a succeeded attempt returned, as JSON (NULL: it returned None, or a value JSON cannot hold). Kept as long as the run row: history retention removes it with its job."),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from datetime import timedelta
 
 import httpx
 import pytest
@@ -135,3 +136,19 @@ async def test_a_failed_run_retried_by_hand_later_never_moves_its_schedule_backw
     await store.jobs.complete_succeeded([(again.id, again.attempt)], "w1")
     after = await store.schedules.get("hourly")
     assert after is not None and (after.last_status, after.next_run_at) == ("succeeded", later)
+
+
+async def test_a_scheduled_run_cancelled_before_it_starts_skips_its_tick(store: Store) -> None:
+    async def build() -> object:
+        raise AssertionError("never run: its job is cancelled first")
+
+    scheduler = Scheduler(store, "w1", [ScheduledPipeline(build, Schedule.every(hours=1), "hourly")])
+    await scheduler.register()
+    await make_due(store, "hourly")
+    [(tick, job)] = (await scheduler.run_once()).enqueued
+    await store.jobs.cancel(job.id)
+    assert (await scheduler.run_once()).enqueued == []  # the tick is skipped, not enqueued again
+    row = await store.schedules.get("hourly")
+    assert row is not None and row.state == "active" and row.next_run_at is not None
+    assert "next_in_seconds" in job.payload  # (every: the next run an hour after the skipped one's end)
+    assert row.next_run_at > tick.tick + timedelta(minutes=59)
