@@ -146,6 +146,17 @@ ORDER BY j.id
 # One job by id.
 SELECT_JOB = f"SELECT {JOB_READ_COLUMNS} FROM agora.jobs WHERE id = $1"
 
+def _planned_next_run(plan: str) -> str:
+    """The next run a pipeline run's job planned (its payload ``plan``: ``next_at``, or
+    ``next_in_seconds`` from now), never earlier than the next run of schedule ``s`` now;
+    NULL when it planned none (a once schedule)."""
+    return f"""CASE
+            WHEN {plan} ? 'next_at' THEN GREATEST(s.next_run_at, ({plan}->>'next_at')::timestamptz)
+            WHEN {plan} ? 'next_in_seconds' THEN GREATEST(s.next_run_at,
+                now() + make_interval(secs => ({plan}->>'next_in_seconds')::float8))
+            END"""
+
+
 # Cancel job $1: one that has not started (pending, or failed and waiting for a retry)
 # becomes cancelled; a running one is marked for its worker, which is woken on
 # agora_cancel (payload: the job id) and stops the attempt (its renewal sees the mark too).
@@ -163,11 +174,7 @@ WITH waiting AS (
     RETURNING {JOB_COLUMNS}, pg_notify('{{cancel_channel}}', id::text) AS woken
 ), skipped AS (
     UPDATE agora.schedules AS s
-    SET next_run_at = CASE
-            WHEN w.run_plan ? 'next_at' THEN GREATEST(s.next_run_at, (w.run_plan->>'next_at')::timestamptz)
-            WHEN w.run_plan ? 'next_in_seconds' THEN GREATEST(s.next_run_at,
-                now() + make_interval(secs => (w.run_plan->>'next_in_seconds')::float8))
-            END,
+    SET next_run_at = {_planned_next_run("w.run_plan")},
         updated_at = now()
     FROM waiting AS w
     WHERE w.queue = '{PIPELINE_QUEUE}' AND s.pipeline_id = w.kind AND s.schedule_spec = w.run_plan->>'spec'
@@ -468,9 +475,7 @@ _PIPELINE_RUN_ENDED = f"""scheduled AS (
             WHEN e.run_status IN ('failed', 'abandoned') THEN GREATEST(s.next_run_at, now(), e.ended_at + make_interval(
                 secs => LEAST({ERROR_BACKOFF_CAP_SECONDS}, s.error_backoff_seconds * power(2, LEAST(s.consecutive_errors, 62)))))
             WHEN e.released THEN now()
-            WHEN e.payload ? 'next_at' THEN GREATEST(s.next_run_at, (e.payload->>'next_at')::timestamptz)
-            WHEN e.payload ? 'next_in_seconds' THEN GREATEST(s.next_run_at,
-                now() + make_interval(secs => (e.payload->>'next_in_seconds')::float8))
+            WHEN e.payload ? 'next_at' OR e.payload ? 'next_in_seconds' THEN {_planned_next_run("e.payload")}
             ELSE s.next_run_at END,
         state = CASE
             WHEN s.schedule_spec IS DISTINCT FROM e.payload->>'spec' OR s.state <> 'active' THEN s.state
@@ -705,20 +710,23 @@ INSERT INTO agora.workers (id, hostname, pid, queues, kinds) VALUES ($1, $2, $3,
 ON CONFLICT (id) DO UPDATE SET queues = EXCLUDED.queues, kinds = EXCLUDED.kinds
 """
 
+
+def _live_worker(alias: str, seconds: str) -> str:
+    """Worker ``alias`` is live: a heartbeat in the last ``seconds`` (a parameter), not stopped."""
+    return f"{alias}.stopped_at IS NULL AND {alias}.last_heartbeat_at > now() - make_interval(secs => {seconds})"
+
+
 # Whether a live worker (a heartbeat in the last $3 seconds, not stopped) handles kind $1
 # on queue $2 (one that does not say which kinds it handles counts), and the kinds the
 # live workers of that queue handle.
-LIVE_HANDLERS_OF = """
+LIVE_HANDLERS_OF = f"""
 SELECT coalesce(bool_or(w.kinds IS NULL OR $1 = ANY(w.kinds)), false) AS handled,
        ARRAY(SELECT DISTINCT k FROM agora.workers AS v, unnest(v.kinds) AS k
-             WHERE v.stopped_at IS NULL AND v.last_heartbeat_at > now() - make_interval(secs => $3)
-               AND $2 = ANY(v.queues) ORDER BY k) AS kinds
+             WHERE {_live_worker("v", "$3")} AND $2 = ANY(v.queues) ORDER BY k) AS kinds
 FROM agora.workers AS w
-WHERE w.stopped_at IS NULL AND w.last_heartbeat_at > now() - make_interval(secs => $3) AND $2 = ANY(w.queues)
+WHERE {_live_worker("w", "$3")} AND $2 = ANY(w.queues)
 """
 
-# A live worker: a heartbeat in the last $1 seconds, not stopped.
-_LIVE_WORKER = "w.stopped_at IS NULL AND w.last_heartbeat_at > now() - make_interval(secs => $1)"
 
 # Claimable jobs that no live worker handles (of their queue, their kind; one that does not
 # say which kinds it handles, of an earlier version, counts) wait for one: by queue and
@@ -740,7 +748,7 @@ FROM pairs AS p CROSS JOIN LATERAL (
     WHERE ({CLAIMABLE_NOW}) AND queue = p.queue AND kind = p.kind
 ) AS waiting
 WHERE NOT EXISTS (SELECT FROM agora.workers AS w
-                  WHERE {_LIVE_WORKER} AND p.queue = ANY(w.queues) AND (w.kinds IS NULL OR p.kind = ANY(w.kinds)))
+                  WHERE {_live_worker("w", "$1")} AND p.queue = ANY(w.queues) AND (w.kinds IS NULL OR p.kind = ANY(w.kinds)))
 ORDER BY waiting.jobs DESC, p.queue, p.kind
 """
 

@@ -108,17 +108,8 @@ def error_type(error_text: str | None) -> str | None:
 
 
 class PipelineSchedule:
-    """A scheduled pipeline as a ``WorkerPool`` runs it; the public ``ScheduledPipeline``
-    (``agora_pg.runner``) adds ``start()``, which runs it in a pool of its own.
-
-    Runs ``await factory()`` then ``await pipeline.run()`` on ``schedule``.
-
-    A raise from the factory, the run or the close is a failed run: the next
-    attempt waits ``error_backoff_seconds * 2**(n-1)`` (at most 10 minutes) after
-    the n-th failure in a row; after ``max_consecutive_errors`` failures in a row
-    the schedule stops and ``start()`` raises the last error. A success resets
-    the counter.
-    """
+    """A scheduled pipeline as a ``WorkerPool`` runs it (what it does: the public
+    ``ScheduledPipeline`` of ``worker_pool``, which adds ``start()``)."""
 
     def __init__(
         self,

@@ -28,6 +28,11 @@ async def client(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
         yield test_client
 
 
+async def _never_built() -> object:
+    """A pipeline factory these tests never reach: they play its worker."""
+    raise AssertionError("not built here")
+
+
 async def _last_declared(store: Store, pipeline_id: str, seconds_ago: float) -> None:
     async with store.connection() as connection:
         await connection.execute("UPDATE agora.schedules SET declared_at = now() - make_interval(secs => $2) "
@@ -117,10 +122,7 @@ async def test_a_pool_that_retires_undeclared_schedules_deletes_the_orphans_of_o
 
 
 async def test_a_failed_run_retried_by_hand_later_never_moves_its_schedule_backwards(store: Store) -> None:
-    async def build() -> object:
-        raise AssertionError("not run here: the test plays the worker")
-
-    scheduler = Scheduler(store, "w1", [ScheduledPipeline(build, Schedule.every(hours=1), "hourly")])
+    scheduler = Scheduler(store, "w1", [ScheduledPipeline(_never_built, Schedule.every(hours=1), "hourly")])
     await scheduler.register()
     await make_due(store, "hourly")
     [(_tick, job)] = (await scheduler.run_once()).enqueued
@@ -139,10 +141,7 @@ async def test_a_failed_run_retried_by_hand_later_never_moves_its_schedule_backw
 
 
 async def test_a_scheduled_run_cancelled_before_it_starts_skips_its_tick(store: Store) -> None:
-    async def build() -> object:
-        raise AssertionError("never run: its job is cancelled first")
-
-    scheduler = Scheduler(store, "w1", [ScheduledPipeline(build, Schedule.every(hours=1), "hourly")])
+    scheduler = Scheduler(store, "w1", [ScheduledPipeline(_never_built, Schedule.every(hours=1), "hourly")])
     await scheduler.register()
     await make_due(store, "hourly")
     [(tick, job)] = (await scheduler.run_once()).enqueued
