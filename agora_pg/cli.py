@@ -99,10 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
                      """agora-pg jobs submit send_email --payload '{"to": "a@b.c"}' --queue mail --dedup-key welcome:42""")
     submit.add_argument("kind", help="the job's kind: which handler runs it")
     submit.add_argument("--payload", default="{}", help="a JSON object [{}]")
-    submit.add_argument("--queue", default="default", help="the queue [default]")
+    submit.add_argument("--queue", help="the queue [the one its workers declared for the kind, else default]")
     submit.add_argument("--priority", type=int, default=0, help="higher runs first [0]")
     submit.add_argument("--run-at", help="ISO 8601 time with offset, e.g. 2026-01-01T09:00:00+00:00 [now]")
-    submit.add_argument("--max-retries", type=int, help="failed attempts retried [WORKER_MAX_RETRIES, else 3]")
+    submit.add_argument("--max-retries", type=int, help="failed attempts retried [the kind's, else WORKER_MAX_RETRIES]")
     submit.add_argument("--dedup-key", help="while a job with this key is pending, running or waiting for a "
                                             "retry, return it instead of adding one")
     submit.add_argument("--name", help="a label [the kind]")

@@ -16,7 +16,6 @@ from agora_pg.payloads import is_payload_instance, to_json_object
 INT32_MAX = 2**31 - 1
 MAX_TEXT = 1000  # kind, name, queue and dedup_key are identifiers, not documents
 MAX_QUEUE = 100  # queue names are metric labels too
-DEFAULT_QUEUE = "default"
 RESERVED_QUEUE_PREFIX = "agora:"  # queues of agora-pg's own (its scheduler's runs): no public producer writes them
 # Times the database and every client can hold (PostgreSQL would turn year 1 into
 # -infinity; years past 9999 overflow Python's datetime).
@@ -87,11 +86,6 @@ class JobSpec:
             if problem is not None:
                 raise InvalidJob("run_at", problem)
 
-    @property
-    def queue_name(self) -> str:
-        """The queue the job goes to: ``queue``, else ``"default"``."""
-        return DEFAULT_QUEUE if self.queue is None else self.queue
-
     def payload_json(self) -> str:
         try:
             text = json.dumps(self.payload, allow_nan=False, separators=(",", ":"))
@@ -101,16 +95,16 @@ class JobSpec:
             raise InvalidJob("payload", "PostgreSQL cannot store the NUL character (\\u0000) in JSON")
         return text
 
-    def as_row(self, default_max_retries: int | None = None) -> tuple[Any, ...]:
+    def as_row(self) -> tuple[Any, ...]:
         """Values in the column order of ``queries.INSERT_JOB``."""
         return (
             self.name if self.name is not None else self.kind,
             self.kind,
-            self.queue_name,
+            self.queue,  # (None: the kind's, else "default")
             self.payload_json(),
             self.priority,
             self.run_at,
-            self.max_retries if self.max_retries is not None else default_max_retries,
+            self.max_retries,
             self.dedup_key,
             self.timeout_seconds,
         )
@@ -124,7 +118,7 @@ def refuse_reserved_queue(spec: JobSpec) -> JobSpec:
     return spec
 
 
-def batch_columns(specs: Sequence[JobSpec], default_max_retries: int | None = None) -> tuple[Any, ...]:
+def batch_columns(specs: Sequence[JobSpec]) -> tuple[Any, ...]:
     """Many specs as the nine parameters of ``queries.INSERT_JOBS``: one array per
     column, in the order of ``JobSpec.as_row``, except the payloads, which are one JSON
     array (one ``json.dumps`` for the batch, split by the server). A column every spec
@@ -146,12 +140,11 @@ def batch_columns(specs: Sequence[JobSpec], default_max_retries: int | None = No
     return (
         _unless_all_none([spec.name for spec in specs]),
         [spec.kind for spec in specs],
-        [spec.queue_name for spec in specs],
+        _unless_all_none([spec.queue for spec in specs]),
         payloads,
         _unless_all_none([spec.priority or None for spec in specs]),
         _unless_all_none([spec.run_at for spec in specs]),
-        _unless_all_none([spec.max_retries if spec.max_retries is not None else default_max_retries
-                          for spec in specs]),
+        _unless_all_none([spec.max_retries for spec in specs]),
         _unless_all_none([spec.dedup_key for spec in specs]),
         _unless_all_none([spec.timeout_seconds for spec in specs]),
     )

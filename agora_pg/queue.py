@@ -41,8 +41,9 @@ class Queue:
         """A queue on ``database_url``, else on the settings' database (from the
         environment by default), else on the embedded server. With ``handlers`` (a
         ``Handlers`` table, or the ``Worker`` or ``WorkerPool`` of your worker module),
-        enqueues apply each kind's options: its payload type is checked, its queue and
-        max_retries are the defaults."""
+        each kind's payload type is checked and its queue and max_retries apply even
+        before a worker of it has declared them; without, the options its workers
+        declared (``agora.kinds``) apply all the same."""
         settings = settings if settings is not None else load_settings(os.environ)
         if database_url is not None:
             settings = settings.replace(database_url=database_url)
@@ -97,15 +98,14 @@ class Queue:
             dedup_key=dedup_key,
             timeout_seconds=timeout_seconds,
         )
-        [(job, _created)] = await self.store.jobs.enqueue(apply_kinds(self.kinds, [spec]), connection,
-                                                     self.settings.max_retries)
+        [(job, _created)] = await self.store.jobs.enqueue(apply_kinds(self.kinds, [spec]), connection)
         return job
 
     async def enqueue_many(
         self, specs: Iterable[JobSpec], *, connection: CallerConnection | None = None
     ) -> list[Job]:
         """Store many jobs in one statement; returns them in the order given."""
-        results = await self.store.jobs.enqueue(apply_kinds(self.kinds, list(specs)), connection, self.settings.max_retries)
+        results = await self.store.jobs.enqueue(apply_kinds(self.kinds, list(specs)), connection)
         return [job for job, _created in results]
 
     async def get(self, job_id: int) -> Job:

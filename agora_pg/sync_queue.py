@@ -222,13 +222,12 @@ class SyncQueue:
         if not specs:
             return []
         specs = apply_kinds(self.kinds, specs)
-        default_max_retries = self.settings.max_retries
         if connection is not None:
             with self._translated_errors(reconnect=False):
-                return run_to_completion(insert_jobs(_sync_fetch(connection), specs, default_max_retries))
+                return run_to_completion(insert_jobs(_sync_fetch(connection), specs))
         with self._lock, self._translated_errors(reconnect=True):
             own = self._own_connection()
-            return run_to_completion(insert_jobs(_sync_fetch(own), specs, default_max_retries))
+            return run_to_completion(insert_jobs(_sync_fetch(own), specs))
 
     def _own_connection(self) -> Any:
         if self._connection is None or self._connection.closed:

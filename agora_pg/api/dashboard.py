@@ -146,6 +146,7 @@ class DashboardFragments(Controller):
         return Template("fragments/overview.html", context={
             "unhandled": [{**dataclasses.asdict(waiting), "age": age_text(max(0.0, now - waiting.since.timestamp()))}
                           for waiting in unhandled],
+            "kind_conflicts": await store.workers.kind_conflicts(),
             "queues": queues,
             "throughput": throughput,
             "totals": {"succeeded": sum(throughput[1]), "failed": sum(throughput[2])},

@@ -62,7 +62,7 @@ class JobController(Controller):
             run_at=data.run_at, max_retries=data.max_retries, dedup_key=data.dedup_key,
             timeout_seconds=data.timeout_seconds,
         )
-        [(job, created)] = await store.jobs.enqueue(apply_kinds(kinds, [spec]), None, settings.max_retries)
+        [(job, created)] = await store.jobs.enqueue(apply_kinds(kinds, [spec]))
         out = JobOut.of(job)
         if job.status is JobStatus.PENDING:
             handled, live_kinds = await store.workers.live_handlers_of(job.kind, job.queue, WORKER_ALIVE_SECONDS)

@@ -91,13 +91,13 @@ def parse_choice(option: str, text: str | None, choices: type[JobStatus] | type[
     return text
 
 
-async def submit(kind: str, payload: str, queue: str, priority: int, run_at: str | None, max_retries: int | None,
+async def submit(kind: str, payload: str, queue: str | None, priority: int, run_at: str | None, max_retries: int | None,
                  dedup_key: str | None, name: str | None, timeout: float | None = None) -> str:
     spec = JobSpec(kind=kind, payload=parse_payload(payload), name=name, queue=queue, priority=priority,
                    run_at=parse_time("--run-at", run_at), max_retries=max_retries, dedup_key=dedup_key,
                    timeout_seconds=timeout)
     async with operator_store() as (store, settings):
-        [(job, created)] = await store.jobs.enqueue(apply_kinds({}, [spec]), None, settings.max_retries)
+        [(job, created)] = await store.jobs.enqueue(apply_kinds({}, [spec]))
     note = "" if created else f"\n(a live job with dedup key {dedup_key!r} already existed)"
     return render_table(JOB_HEADERS, [job_row(job)]) + note
 

@@ -45,32 +45,34 @@ def caller_fetch(connection: CallerConnection) -> Fetch:
 
 
 async def insert_jobs(
-    fetch: Fetch, specs: Sequence[JobSpec], default_max_retries: int | None = None
+    fetch: Fetch, specs: Sequence[JobSpec]
 ) -> list[tuple[Job, bool]]:
     """Insert ``specs``; each comes back with its job and whether it was inserted
     (``False``: a live job with its dedup_key was returned instead)."""
     with_keys = any(spec.dedup_key is not None for spec in specs)
     if len(specs) == 1:
         if not with_keys:
-            [row] = await fetch(queries.INSERT_JOB, *specs[0].as_row(default_max_retries))
-            return [(inserted_job(row, specs[0], default_max_retries), True)]
-        rows = list(await fetch(queries.INSERT_JOB_DEDUP, *specs[0].as_row(default_max_retries)))
-        return await _match_inserted(fetch, specs, rows, default_max_retries)
-    columns = batch_columns(specs, default_max_retries)
+            [row] = await fetch(queries.INSERT_JOB, *specs[0].as_row())
+            return [(inserted_job(row, specs[0]), True)]
+        rows = list(await fetch(queries.INSERT_JOB_DEDUP, *specs[0].as_row()))
+        return await _match_inserted(fetch, specs, rows)
+    columns = batch_columns(specs)
     if with_keys:
         rows = sorted(await fetch(queries.INSERT_JOBS_DEDUP, *columns), key=lambda row: row["id"])  # insertion order
-        return await _match_inserted(fetch, specs, rows, default_max_retries)
+        return await _match_inserted(fetch, specs, rows)
     [inserted] = await fetch(queries.INSERT_JOBS, *columns)
     now = inserted["now"]  # created_at, and run_at where none was given
     jobs = []
-    for job_id, spec in zip(inserted["ids"], specs, strict=True):
+    for job_id, queue, max_retries, timeout, spec in zip(
+            inserted["ids"], inserted["queues"] or (), inserted["max_retries"] or (), inserted["timeouts"] or (),
+            specs, strict=True):
         run_at = now if spec.run_at is None else spec.run_at.astimezone(UTC)
-        jobs.append((new_job(spec, job_id, now, run_at, default_max_retries), True))
+        jobs.append((new_job(spec, job_id, now, run_at, queue, max_retries, timeout), True))
     return jobs
 
 
 async def _match_inserted(
-    fetch: Fetch, specs: Sequence[JobSpec], inserted: Sequence[Mapping[str, Any]], default_max_retries: int | None
+    fetch: Fetch, specs: Sequence[JobSpec], inserted: Sequence[Mapping[str, Any]]
 ) -> list[tuple[Job, bool]]:
     """Pair each spec with its job: the inserted one, or the live job its dedup_key hit."""
     results: list[tuple[Job, bool] | None] = [None] * len(specs)
@@ -80,11 +82,11 @@ async def _match_inserted(
     seen_keys: dict[str, Job] = {}
     for index, spec in enumerate(specs):
         if spec.dedup_key is None:
-            results[index] = (inserted_job(next(plain), spec, default_max_retries), True)
+            results[index] = (inserted_job(next(plain), spec), True)
         elif spec.dedup_key in seen_keys:  # a duplicate within this batch
             results[index] = (seen_keys[spec.dedup_key], False)
         elif spec.dedup_key in by_key:  # the first spec of a key inserted it
-            job = inserted_job(by_key[spec.dedup_key], spec, default_max_retries)
+            job = inserted_job(by_key[spec.dedup_key], spec)
             seen_keys[spec.dedup_key] = job
             results[index] = (job, True)
         else:
@@ -101,7 +103,7 @@ async def _match_inserted(
             else:
                 results[index] = (existing, False)
         if retry:
-            again = await insert_jobs(fetch, [specs[i] for i in retry], default_max_retries)
+            again = await insert_jobs(fetch, [specs[i] for i in retry])
             for index, result in zip(retry, again, strict=True):
                 results[index] = result
     return [result for result in results if result is not None]

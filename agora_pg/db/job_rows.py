@@ -14,22 +14,22 @@ from agora_pg.jobs import JOB_FIELDS, Job, JobStatus
 _STATUSES = {status.value: status for status in JobStatus}
 
 
-def inserted_job(row: Mapping[str, Any], spec: JobSpec, default_max_retries: int | None = None) -> Job:
+def inserted_job(row: Mapping[str, Any], spec: JobSpec) -> Job:
     """The ``Job`` a spec became, from the ``queries.INSERTED_COLUMNS`` of its row."""
-    return new_job(spec, row["id"], row["created_at"], row["run_at"], default_max_retries)
+    return new_job(spec, row["id"], row["created_at"], row["run_at"], row["queue"], row["max_retries"],
+                   row["timeout_seconds"])
 
 
 def new_job(
-    spec: JobSpec, job_id: int, created_at: datetime, run_at: datetime, default_max_retries: int | None
+    spec: JobSpec, job_id: int, created_at: datetime, run_at: datetime, queue: str, max_retries: int | None,
+    timeout_seconds: float | None,
 ) -> Job:
-    """The ``Job`` a spec became, given what the database chose for it."""
+    """The ``Job`` a spec became, given what the database chose for it (its kind's options among them)."""
     fields = dict(_NEW_JOB)
     fields.update(
-        id=job_id, name=spec.name if spec.name is not None else spec.kind, kind=spec.kind, queue=spec.queue_name,
-        payload=spec.payload, priority=spec.priority, run_at=run_at,
-        max_retries=spec.max_retries if spec.max_retries is not None else default_max_retries,
-        dedup_key=spec.dedup_key, created_at=created_at,
-        timeout_seconds=None if spec.timeout_seconds is None else float(spec.timeout_seconds),
+        id=job_id, name=spec.name if spec.name is not None else spec.kind, kind=spec.kind, queue=queue,
+        payload=spec.payload, priority=spec.priority, run_at=run_at, max_retries=max_retries,
+        dedup_key=spec.dedup_key, created_at=created_at, timeout_seconds=timeout_seconds,
     )
     return Job.from_fields(fields)
 
@@ -75,6 +75,38 @@ class UnhandledJobs:
     kind: str
     jobs: int
     since: datetime
+
+
+@dataclasses.dataclass(frozen=True)
+class DeclaredKind:
+    """The options of a kind a worker declares in ``agora.kinds`` (None: none)."""
+
+    queue: str | None = None
+    max_retries: int | None = None
+    timeout_seconds: float | None = None
+    retry_backoff_seconds: float | None = None
+
+    def __str__(self) -> str:
+        shown = [f"{name}={value:g}" if isinstance(value, float) else f"{name}={value}"
+                 for name, value in dataclasses.asdict(self).items() if value is not None]
+        return " ".join(shown) or "no options"
+
+
+@dataclasses.dataclass(frozen=True)
+class KindConflict:
+    """A live worker (``worker_id``) declared other options for ``kind`` than the ones
+    ``agora.kinds`` holds, which ``declared_by`` declared later and which apply."""
+
+    kind: str
+    worker_id: str
+    declares: DeclaredKind
+    holds: DeclaredKind
+    declared_by: str
+
+    @classmethod
+    def from_row(cls, row: Any) -> KindConflict:
+        return cls(row["kind"], row["worker_id"], DeclaredKind(**json.loads(row["declares"])),
+                   DeclaredKind(**json.loads(row["holds"])), row["declared_by"])
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,17 +34,16 @@ class JobTable:
         self,
         specs: Sequence[JobSpec],
         connection: CallerConnection | None = None,
-        default_max_retries: int | None = None,
     ) -> list[tuple[Job, bool]]:
-        """Insert jobs; returns each job with ``True`` if it was inserted or
-        ``False`` if a live job with its dedup_key was returned instead.
-        ``default_max_retries`` applies to specs that leave ``max_retries`` unset."""
+        """Insert jobs (each with its kind's declared options where it sets none: see
+        ``agora.kinds``); returns each job with ``True`` if it was inserted or ``False``
+        if a live job with its dedup_key was returned instead."""
         if not specs:
             return []
         if connection is not None:
-            return await insert_jobs(caller_fetch(connection), specs, default_max_retries)
+            return await insert_jobs(caller_fetch(connection), specs)
         async with self._store.connection() as own:
-            return await insert_jobs(own.fetch, specs, default_max_retries)
+            return await insert_jobs(own.fetch, specs)
 
     async def get(self, job_id: int) -> Job:
         require_possible_job_id(job_id)

@@ -23,14 +23,16 @@ JOB_READ_COLUMNS = JOB_COLUMNS.replace(
     "COALESCE(lease_expires_at, CASE WHEN status = 'processing' THEN "
     "(SELECT w.lease_expires_at FROM agora.workers AS w WHERE w.id = locked_by) END) AS lease_expires_at,",
 )
-# What an insert returns: only what the database chose. Everything else is what the
-# caller just sent (for 5,000-row batches, sending all 18 columns back and decoding
-# them was a third of the time).
-INSERTED_COLUMNS = "id, run_at, created_at, dedup_key"
+# What an insert returns: only what the database chose (the kind's options among them).
+# Everything else is what the caller just sent (for 5,000-row batches, sending all 18
+# columns back and decoding them was a third of the time).
+INSERTED_COLUMNS = "id, run_at, created_at, dedup_key, queue, max_retries, timeout_seconds"
 
 # A scheduled pipeline's run is a job of the queue PIPELINE_QUEUE whose kind is the
 # pipeline id and whose dedup key is PIPELINE_DEDUP_PREFIX + the pipeline id: at most one
-# such job is alive per pipeline, which is how runs of a pipeline never overlap.
+# such job is alive per pipeline, which is how runs of a pipeline never overlap. What
+# the statements read of it are its columns schedule_id, scheduled_for and run_plan
+# (migration 0025), never its queue's name or its payload.
 PIPELINE_QUEUE = "agora:pipelines"
 PIPELINE_DEDUP_PREFIX = "pipeline:"
 # A changed schedule (resumed, triggered, a run ended) wakes the schedulers serving it
@@ -64,23 +66,33 @@ _FAIR_KEY = ("(SELECT {payload} ->> COALESCE(l.fair_by, l.limit_by) FROM agora.k
              "WHERE l.kind = {kind})")
 _SOME_KIND_KEYED = "(SELECT EXISTS (SELECT FROM agora.kind_limits WHERE COALESCE(fair_by, limit_by) IS NOT NULL))"
 
+# A job's queue, max_retries and timeout_seconds: its own, else its kind's as declared
+# (agora.kinds, joined as k; agora.enqueue() of migration 0026 does the same for SQL).
+_KIND_OPTIONS = "COALESCE({queue}, k.queue, 'default'), COALESCE({max_retries}, k.max_retries), " \
+                "COALESCE({timeout}, k.timeout_seconds)"
+
 _INSERT_JOB_VALUES = f"""
-INSERT INTO agora.jobs (name, kind, queue, payload, priority, run_at, max_retries, dedup_key, timeout_seconds,
+INSERT INTO agora.jobs (name, kind, queue, max_retries, timeout_seconds, payload, priority, run_at, dedup_key,
                         delayed, fair_key)
-VALUES ($1, $2, $3, $4::text::jsonb, $5, COALESCE($6::timestamptz, now()), $7, $8, $9,
-        COALESCE($6::timestamptz, now()) > now(), {_FAIR_KEY.format(payload="$4::text::jsonb", kind="$2")})
+SELECT $1::text, $2::text, {_KIND_OPTIONS.format(queue="$3::text", max_retries="$7::int", timeout="$9::float8")},
+       $4::text::jsonb, $5::int, COALESCE($6::timestamptz, now()), $8::text,
+       COALESCE($6::timestamptz, now()) > now(), {_FAIR_KEY.format(payload="$4::text::jsonb", kind="$2")}
+FROM (SELECT) AS one LEFT JOIN agora.kinds AS k ON k.kind = $2
 """
 
 _INSERT_JOBS_FROM_COLUMNS = f"""
-INSERT INTO agora.jobs (name, kind, queue, payload, priority, run_at, max_retries, dedup_key, timeout_seconds,
+INSERT INTO agora.jobs (name, kind, queue, max_retries, timeout_seconds, payload, priority, run_at, dedup_key,
                         delayed, fair_key)
-SELECT COALESCE(name, t.kind), t.kind, queue, payload, COALESCE(priority, 0), COALESCE(run_at, now()), max_retries,
-       dedup_key, timeout_seconds, COALESCE(run_at, now()) > now(),
+SELECT COALESCE(name, t.kind), t.kind,
+       {_KIND_OPTIONS.format(queue="t.queue", max_retries="t.max_retries", timeout="t.timeout_seconds")},
+       payload, COALESCE(priority, 0), COALESCE(run_at, now()), dedup_key, COALESCE(run_at, now()) > now(),
        CASE WHEN {_SOME_KIND_KEYED} THEN {_FAIR_KEY.format(payload="t.payload", kind="t.kind")} END
 FROM ROWS FROM (unnest($1::text[]), unnest($2::text[]), unnest($3::text[]), jsonb_array_elements($4::text::jsonb),
                 unnest($5::int[]), unnest($6::timestamptz[]), unnest($7::int[]), unnest($8::text[]),
                 unnest($9::float8[]))
      AS t(name, kind, queue, payload, priority, run_at, max_retries, dedup_key, timeout_seconds)
+LEFT JOIN LATERAL (SELECT * FROM agora.kinds WHERE kind = t.kind LIMIT 1) AS k ON true  -- (LIMIT: a nested loop,
+                                                                                     -- never a hash join, keeps the rows in order)
 """
 
 # The same two, for jobs with a dedup_key: a live job with the same key makes a row
@@ -91,7 +103,7 @@ _ON_DEDUP_CONFLICT = f"ON CONFLICT (dedup_key) WHERE {ALIVE} DO NOTHING\n"
 
 def _returning_inserted(insert: str) -> str:
     """``insert`` returning INSERTED_COLUMNS of each new row, waking the workers."""
-    return (f"WITH inserted AS ({insert} RETURNING {INSERTED_COLUMNS}, queue, delayed),{_WAKE}\n"
+    return (f"WITH inserted AS ({insert} RETURNING {INSERTED_COLUMNS}, delayed),{_WAKE}\n"
             f"SELECT {INSERTED_COLUMNS} FROM inserted WHERE (SELECT count(*) FROM woken) >= 0")
 
 
@@ -102,12 +114,15 @@ INSERT_JOB_DEDUP = _returning_inserted(_INSERT_JOB_VALUES + _ON_DEDUP_CONFLICT)
 
 # Insert many jobs in one statement, from one array per column (a NULL column: every row
 # takes the default; see job_spec.batch_columns) and one JSON array of payloads, zipped
-# by ROWS FROM, in array order. Returns the ids in order and now(), which is every
-# row's created_at and the run_at of rows given none: one row with an array decodes in
-# a fraction of the time of 5,000 rows of timestamps.
+# by ROWS FROM, in array order. Returns the ids in order, their queues, max_retries and
+# timeouts (their own or their kind's) and now(), which is every row's created_at and
+# the run_at of rows given none: one row of arrays decodes in a fraction of the time of
+# 5,000 rows of timestamps.
 INSERT_JOBS = f"""
-WITH inserted AS ({_INSERT_JOBS_FROM_COLUMNS} RETURNING id, queue, delayed),{_WAKE}
-SELECT coalesce(array_agg(id ORDER BY id), '{{}}') AS ids, now() AS now, (SELECT count(*) FROM woken) AS woken
+WITH inserted AS ({_INSERT_JOBS_FROM_COLUMNS} RETURNING id, queue, delayed, max_retries, timeout_seconds),{_WAKE}
+SELECT coalesce(array_agg(id ORDER BY id), '{{}}') AS ids, array_agg(queue ORDER BY id) AS queues,
+       array_agg(max_retries ORDER BY id) AS max_retries, array_agg(timeout_seconds ORDER BY id) AS timeouts,
+       now() AS now, (SELECT count(*) FROM woken) AS woken
 FROM inserted
 """
 INSERT_JOBS_DEDUP = _returning_inserted(_INSERT_JOBS_FROM_COLUMNS + _ON_DEDUP_CONFLICT)
@@ -147,7 +162,7 @@ ORDER BY j.id
 SELECT_JOB = f"SELECT {JOB_READ_COLUMNS} FROM agora.jobs WHERE id = $1"
 
 def _planned_next_run(plan: str) -> str:
-    """The next run a pipeline run's job planned (its payload ``plan``: ``next_at``, or
+    """The next run a pipeline run's job planned (its ``run_plan``: ``next_at``, or
     ``next_in_seconds`` from now), never earlier than the next run of schedule ``s`` now;
     NULL when it planned none (a once schedule)."""
     return f"""CASE
@@ -167,7 +182,7 @@ CANCEL_JOB = f"""
 WITH waiting AS (
     UPDATE agora.jobs SET status = 'cancelled', finished_at = now(), delayed = false
     WHERE id = $1 AND ({CLAIMABLE})
-    RETURNING {JOB_COLUMNS}, payload AS run_plan
+    RETURNING {JOB_COLUMNS}, schedule_id, run_plan
 ), running AS (
     UPDATE agora.jobs SET cancel_requested_at = COALESCE(cancel_requested_at, now())
     WHERE id = $1 AND status = 'processing'
@@ -177,7 +192,7 @@ WITH waiting AS (
     SET next_run_at = {_planned_next_run("w.run_plan")},
         updated_at = now()
     FROM waiting AS w
-    WHERE w.queue = '{PIPELINE_QUEUE}' AND s.pipeline_id = w.kind AND s.schedule_spec = w.run_plan->>'spec'
+    WHERE s.pipeline_id = w.schedule_id AND s.schedule_spec = w.run_plan->>'spec'
     RETURNING pg_notify('{SCHEDULES_CHANNEL}', s.pipeline_id)
 )
 SELECT {JOB_COLUMNS} FROM waiting WHERE (SELECT count(*) FROM skipped) >= 0
@@ -449,13 +464,14 @@ SELECT id, pg_notify('agora_jobs', queue) FROM released
 # while nothing ran the planner drove the join from such an index, rescanning the id
 # array per row (quadratic: 75 ms for 500 jobs).
 
-# A scheduled pipeline's run ended (a job of PIPELINE_QUEUE left pending or processing for
-# good): its schedule row is updated from the row as it is now, not as it was when the
-# run began. The CTE "ended" has the job's queue, kind (the pipeline id), payload (only
-# a pipeline job's: its tick, the spec it was enqueued under and its next run after a
+# An attempt of a schedule's job ended: its schedule row is updated from the row as it is
+# now, not as it was when the run began. The CTE "ended" has the job's schedule_id,
+# run_plan (a pipeline's run: the spec it was enqueued under and its next run after a
 # success), status, started_at, the run's status and error, whether the run was cut short
 # at shutdown (released: due again at once, not counted) and when it ended (a lost run:
-# when its worker was last heard of, its lease's last renewal). A failed or abandoned run
+# when its worker was last heard of, its lease's last renewal). A periodic job's attempt
+# (no run plan; its tick moved the schedule on) sets the schedule's last run only, as a
+# pipeline's run does, which also moves the schedule on. A failed or abandoned run
 # counts: the next run waits min(600, error_backoff_seconds * 2^(n-1)) after the n-th in a
 # row from its end (schedules.error_backoff; a lost run's wait for its lease counts) and the schedule stops at max_consecutive_errors; a success
 # resets the count and sets the next run the payload names (none: a once schedule,
@@ -463,37 +479,41 @@ SELECT id, pg_notify('agora_jobs', queue) FROM released
 # by hand long after its tick (its payload's next run is stale) never moves the schedule
 # backwards. A spec changed meanwhile (registered again) keeps the next run and state the
 # registration set; a schedule paused or stopped meanwhile keeps its state. Runs outside a
-# schedule (no spec in the payload) change no schedule. The schedulers are woken.
+# schedule (no spec in the plan) change no schedule. The schedulers are woken.
 _PIPELINE_RUN_ENDED = f"""scheduled AS (
     UPDATE agora.schedules AS s
     SET last_started_at = e.started_at, last_finished_at = now(), last_status = e.run_status,
         last_error = e.error_message, updated_at = now(),
-        consecutive_errors = CASE WHEN e.run_status IN ('failed', 'abandoned') THEN s.consecutive_errors + 1
+        consecutive_errors = CASE WHEN e.run_plan IS NULL THEN s.consecutive_errors
+                                  WHEN e.run_status IN ('failed', 'abandoned') THEN s.consecutive_errors + 1
                                   WHEN e.run_status = 'succeeded' THEN 0 ELSE s.consecutive_errors END,
         next_run_at = CASE
-            WHEN s.schedule_spec IS DISTINCT FROM e.payload->>'spec' THEN s.next_run_at
+            WHEN s.schedule_spec IS DISTINCT FROM e.run_plan->>'spec' THEN s.next_run_at
             WHEN e.run_status IN ('failed', 'abandoned') THEN GREATEST(s.next_run_at, now(), e.ended_at + make_interval(
                 secs => LEAST({ERROR_BACKOFF_CAP_SECONDS}, s.error_backoff_seconds * power(2, LEAST(s.consecutive_errors, 62)))))
             WHEN e.released THEN now()
-            WHEN e.payload ? 'next_at' OR e.payload ? 'next_in_seconds' THEN {_planned_next_run("e.payload")}
+            WHEN e.run_plan ?| array['next_at', 'next_in_seconds'] THEN {_planned_next_run("e.run_plan")}
             ELSE s.next_run_at END,
         state = CASE
-            WHEN s.schedule_spec IS DISTINCT FROM e.payload->>'spec' OR s.state <> 'active' THEN s.state
+            WHEN s.schedule_spec IS DISTINCT FROM e.run_plan->>'spec' OR s.state <> 'active' THEN s.state
             WHEN e.run_status IN ('failed', 'abandoned') AND s.consecutive_errors + 1 >= s.max_consecutive_errors
                 THEN 'stopped'
-            WHEN e.run_status = 'succeeded' AND NOT (e.payload ? 'next_at' OR e.payload ? 'next_in_seconds')
+            WHEN e.run_status = 'succeeded' AND NOT e.run_plan ?| array['next_at', 'next_in_seconds']
                 THEN 'completed'
             ELSE s.state END
     FROM ended AS e
-    WHERE e.queue = '{PIPELINE_QUEUE}' AND e.status <> 'pending' AND e.payload ? 'spec' AND s.pipeline_id = e.kind
+    WHERE s.pipeline_id = e.schedule_id AND e.status <> 'pending' AND (e.run_plan IS NULL OR e.run_plan ? 'spec')
     RETURNING pg_notify('{SCHEDULES_CHANNEL}', s.pipeline_id)
 )"""
 
-# The agora.runs columns of a job's run that say which pipeline and tick it was, if any.
-_RUN_PIPELINE = f"CASE WHEN queue = '{PIPELINE_QUEUE}' THEN kind END"
-_RUN_TICK = f"CASE WHEN queue = '{PIPELINE_QUEUE}' THEN (payload->>'scheduled_for')::timestamptz END"
-# What a finished job returns for that: its payload only if it is a pipeline's run.
-_PIPELINE_PAYLOAD = f"CASE WHEN j.queue = '{PIPELINE_QUEUE}' THEN j.payload END AS payload"
+# What a finished job returns of its schedule (each attempt's run names the schedule and tick).
+_SCHEDULE_COLUMNS = "j.schedule_id, j.scheduled_for, j.run_plan"
+# A job's max_retries: its own, else its kind's (a job inserted by plain SQL, or before any
+# worker declared its kind, takes it at its first failure), else the worker's default.
+_MAX_RETRIES = "COALESCE(j.max_retries, (SELECT d.max_retries FROM agora.kinds AS d WHERE d.kind = j.kind), {default})"
+# A pipeline's run has one attempt: its schedule, not the job, decides what comes after
+# it (a lost or released run is not taken again: the schedule's next run is the scheduler's).
+_ONE_ATTEMPT = "j.run_plan IS NOT NULL"
 
 # Mark attempts (id, attempt) done (a done job shows no error: its failed attempts' runs
 # keep theirs) and record their runs (with the attempt's last progress
@@ -507,15 +527,15 @@ WITH finished AS (
         cancel_requested_at = NULL, error_message = NULL  -- (earlier attempts' errors stay in their runs)
     FROM unnest($1::bigint[], $2::int[], $4::text[]) AS t(id, attempt, result)
     WHERE j.id = t.id AND j.attempt = t.attempt AND j.locked_by = $3
-    RETURNING j.id, j.attempt, j.started_at, j.progress, t.result, j.queue, j.kind, j.status, {_PIPELINE_PAYLOAD}
+    RETURNING j.id, j.attempt, j.started_at, j.progress, t.result, j.status, {_SCHEDULE_COLUMNS}
 ), recorded AS (
     INSERT INTO agora.runs (job_id, attempt, worker_id, started_at, finished_at, status, progress, result,
                             pipeline_id, scheduled_for)
-    SELECT id, attempt, $3, started_at, now(), 'succeeded', progress, result::jsonb, {_RUN_PIPELINE}, {_RUN_TICK}
+    SELECT id, attempt, $3, started_at, now(), 'succeeded', progress, result::jsonb, schedule_id, scheduled_for
     FROM finished
     RETURNING job_id
 ), ended AS (
-    SELECT queue, kind, payload, status, started_at, 'succeeded' AS run_status, NULL AS error_message,
+    SELECT schedule_id, run_plan, status, started_at, 'succeeded' AS run_status, NULL AS error_message,
            false AS released, now() AS ended_at
     FROM finished
 ), {_PIPELINE_RUN_ENDED}
@@ -542,36 +562,36 @@ WITH outcome AS (
     SET status = CASE
             WHEN o.kind = 'cancelled' OR j.cancel_requested_at IS NOT NULL THEN 'cancelled'  -- (an acknowledged cancel holds)
             WHEN o.kind = 'failed' THEN 'failed'
-            WHEN j.queue = '{PIPELINE_QUEUE}' THEN CASE o.kind WHEN 'lost' THEN 'failed' ELSE 'cancelled' END
+            WHEN {_ONE_ATTEMPT} THEN CASE o.kind WHEN 'lost' THEN 'failed' ELSE 'cancelled' END
             WHEN j.lost_count + 1 >= $2 THEN 'failed'
             ELSE 'pending' END,
         retry_count = j.retry_count + (o.kind = 'failed')::int,
         lost_count = j.lost_count + (o.kind IN ('lost', 'released'))::int,
         max_retries = CASE
-            WHEN o.final OR j.queue = '{PIPELINE_QUEUE}' OR (o.kind IN ('lost', 'released') AND j.lost_count + 1 >= $2)
-                THEN LEAST(COALESCE(j.max_retries, $3), j.retry_count + (o.kind = 'failed')::int)
-            ELSE COALESCE(j.max_retries, $3) END,
+            WHEN o.final OR {_ONE_ATTEMPT} OR (o.kind IN ('lost', 'released') AND j.lost_count + 1 >= $2)
+                THEN LEAST({_MAX_RETRIES.format(default="$3")}, j.retry_count + (o.kind = 'failed')::int)
+            ELSE {_MAX_RETRIES.format(default="$3")} END,
         error_message = CASE
-            WHEN o.kind IN ('lost', 'released') AND j.lost_count + 1 >= $2 AND j.queue <> '{PIPELINE_QUEUE}'
+            WHEN o.kind IN ('lost', 'released') AND j.lost_count + 1 >= $2 AND NOT {_ONE_ATTEMPT}
                 THEN o.error_message || ' (' || (j.lost_count + 1) || ' lost attempts: not retried)'
             ELSE o.error_message END,
         run_at = now() + make_interval(secs => o.delay), finished_at = now(),
         delayed = o.kind = 'failed' AND o.delay > 0 AND NOT o.final AND j.cancel_requested_at IS NULL
-                  AND j.retry_count + 1 < COALESCE(j.max_retries, $3),
+                  AND j.retry_count + 1 < {_MAX_RETRIES.format(default="$3")},
         locked_by = NULL, lease_expires_at = NULL, cancel_requested_at = NULL
     FROM outcome AS o
     WHERE j.id = o.id AND j.attempt = o.attempt AND j.locked_by = $1
-    RETURNING j.id, j.attempt, j.started_at, j.queue, j.kind, j.status, j.delayed, j.progress, o.kind AS outcome,
-              o.error_type, o.error_message, o.traceback, {_PIPELINE_PAYLOAD}
+    RETURNING j.id, j.attempt, j.started_at, j.queue, j.status, j.delayed, j.progress, o.kind AS outcome,
+              o.error_type, o.error_message, o.traceback, {_SCHEDULE_COLUMNS}
 ), recorded AS (
     INSERT INTO agora.runs (job_id, attempt, worker_id, started_at, finished_at, status, error_type,
                             error_message, traceback, progress, pipeline_id, scheduled_for)
     SELECT id, attempt, $1, started_at, now(),
            CASE outcome WHEN 'failed' THEN 'failed' WHEN 'lost' THEN 'abandoned' ELSE 'cancelled' END,
-           error_type, error_message, traceback, progress, {_RUN_PIPELINE}, {_RUN_TICK}
+           error_type, error_message, traceback, progress, schedule_id, scheduled_for
     FROM finished
 ), ended AS (
-    SELECT queue, kind, payload, status, started_at, error_message, outcome = 'released' AS released,
+    SELECT schedule_id, run_plan, status, started_at, error_message, outcome = 'released' AS released,
            CASE outcome WHEN 'failed' THEN 'failed' WHEN 'lost' THEN 'abandoned' ELSE 'cancelled' END AS run_status,
            now() AS ended_at
     FROM finished
@@ -608,8 +628,7 @@ RETURNING {JOB_COLUMNS}
 # Take back processing jobs whose lease passed: the jobs of workers whose worker lease
 # passed, and jobs with a lease of their own that passed (up to $3 of each). Each is a lost
 # attempt (lost_count + 1), due again at once until lost_count reaches $1
-# (WORKER_MAX_LOST_ATTEMPTS), then failed for good (a pipeline's run at once: it counts as
-# a failed run of its schedule, whose next run is the scheduler's); $2 is the default max_retries;
+# (WORKER_MAX_LOST_ATTEMPTS), then failed for good (a pipeline's run at once: _ONE_ATTEMPT); $2 is the default max_retries;
 # $4 the lease's length (a lost run's error backoff counts from its lease's last renewal). A
 # worker's jobs are looked up per worker whose lease passed (a nested loop over
 # jobs_locked_by_idx, never a scan of every running job). The worker's row is locked too
@@ -639,30 +658,30 @@ WITH lost_with_worker AS (
 ), rescued AS (
     UPDATE agora.jobs AS j
     SET status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'  -- (an acknowledged cancel holds)
-                      WHEN j.lost_count + 1 >= $1 OR j.queue = '{PIPELINE_QUEUE}' THEN 'failed' ELSE 'pending' END,
+                      WHEN j.lost_count + 1 >= $1 OR {_ONE_ATTEMPT} THEN 'failed' ELSE 'pending' END,
         lost_count = j.lost_count + 1,
-        max_retries = CASE WHEN j.lost_count + 1 >= $1 OR j.queue = '{PIPELINE_QUEUE}' THEN LEAST(COALESCE(j.max_retries, $2), j.retry_count)
-                           ELSE COALESCE(j.max_retries, $2) END,
+        max_retries = CASE WHEN j.lost_count + 1 >= $1 OR {_ONE_ATTEMPT} THEN LEAST({_MAX_RETRIES.format(default="$2")}, j.retry_count)
+                           ELSE {_MAX_RETRIES.format(default="$2")} END,
         error_message = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'JobCancelled: cancelled on request; ' ELSE '' END
             || 'WorkerLost: worker ' || COALESCE(lost.locked_by, '?')
             || ' stopped renewing its lease, which expired at '
             || to_char(lost.lease_expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
-            || CASE WHEN j.lost_count + 1 >= $1 AND j.queue <> '{PIPELINE_QUEUE}' THEN ' (' || (j.lost_count + 1) || ' lost attempts: not retried)'
+            || CASE WHEN j.lost_count + 1 >= $1 AND NOT {_ONE_ATTEMPT} THEN ' (' || (j.lost_count + 1) || ' lost attempts: not retried)'
                     ELSE '' END,
         run_at = now(), finished_at = now(), locked_by = NULL, lease_expires_at = NULL,
         cancel_requested_at = NULL
     FROM lost WHERE j.id = lost.id
-    RETURNING j.id, j.attempt, j.started_at, j.queue, j.kind, j.status, j.error_message, j.progress, lost.locked_by,
-              lost.lease_expires_at AS lease_expired_at, {_PIPELINE_PAYLOAD}
+    RETURNING j.id, j.attempt, j.started_at, j.queue, j.status, j.error_message, j.progress, lost.locked_by,
+              lost.lease_expires_at AS lease_expired_at, {_SCHEDULE_COLUMNS}
 ), recorded AS (
     INSERT INTO agora.runs (job_id, attempt, worker_id, started_at, finished_at, status, error_type, error_message,
                             progress, pipeline_id, scheduled_for)
     SELECT id, attempt, locked_by, started_at, now(), CASE WHEN status = 'cancelled' THEN 'cancelled' ELSE 'abandoned' END,
            CASE WHEN status = 'cancelled' THEN 'JobCancelled' ELSE 'WorkerLost' END, error_message, progress,
-           {_RUN_PIPELINE}, {_RUN_TICK}
+           schedule_id, scheduled_for
     FROM rescued
 ), ended AS (
-    SELECT queue, kind, payload, status, started_at, error_message, false AS released,
+    SELECT schedule_id, run_plan, status, started_at, error_message, false AS released,
            CASE WHEN status = 'cancelled' THEN 'cancelled' ELSE 'abandoned' END AS run_status,
            LEAST(now(), lease_expired_at - make_interval(secs => $4)) AS ended_at  -- (last heard of)
     FROM rescued
@@ -750,6 +769,49 @@ FROM pairs AS p CROSS JOIN LATERAL (
 WHERE NOT EXISTS (SELECT FROM agora.workers AS w
                   WHERE {_live_worker("w", "$1")} AND p.queue = ANY(w.queues) AND (w.kinds IS NULL OR p.kind = ANY(w.kinds)))
 ORDER BY waiting.jobs DESC, p.queue, p.kind
+"""
+
+# A kind's options as agora.workers.kind_options holds them (and as conflicts compare them).
+_KIND_OPTIONS_JSON = ("jsonb_build_object('queue', {a}.queue, 'max_retries', {a}.max_retries, "
+                      "'timeout_seconds', {a}.timeout_seconds, 'retry_backoff_seconds', {a}.retry_backoff_seconds)")
+
+# Worker $1 declares the options of its kinds ($2 kinds; $3 queue, $4 max_retries, $5
+# timeout_seconds, $6 retry_backoff_seconds, NULL: none): its agora.workers row keeps what
+# it declared, and agora.kinds takes them (the latest declaration wins). Returns the kinds
+# whose row was another live worker's ($7: seconds a worker counts as alive) with other
+# options: what that worker declared, and what this one does (the statement reads the rows
+# as they were before it).
+DECLARE_KINDS = f"""
+WITH declared AS (
+    SELECT * FROM unnest($2::text[], $3::text[], $4::int[], $5::float8[], $6::float8[])
+        AS d(kind, queue, max_retries, timeout_seconds, retry_backoff_seconds)
+), recorded AS (
+    UPDATE agora.workers
+    SET kind_options = (SELECT jsonb_object_agg(d.kind, {_KIND_OPTIONS_JSON.format(a="d")}) FROM declared AS d)
+    WHERE id = $1
+), upserted AS (
+    INSERT INTO agora.kinds AS k (kind, queue, max_retries, timeout_seconds, retry_backoff_seconds, declared_by)
+    SELECT d.kind, d.queue, d.max_retries, d.timeout_seconds, d.retry_backoff_seconds, $1::text FROM declared AS d
+    ON CONFLICT (kind) DO UPDATE SET queue = EXCLUDED.queue, max_retries = EXCLUDED.max_retries,
+        timeout_seconds = EXCLUDED.timeout_seconds, retry_backoff_seconds = EXCLUDED.retry_backoff_seconds,
+        declared_by = EXCLUDED.declared_by, declared_at = now()
+)
+SELECT k.kind, k.declared_by AS worker_id, {_KIND_OPTIONS_JSON.format(a="d")}::text AS declares,
+       {_KIND_OPTIONS_JSON.format(a="k")}::text AS holds, $1::text AS declared_by
+FROM agora.kinds AS k JOIN declared AS d ON d.kind = k.kind JOIN agora.workers AS w ON w.id = k.declared_by
+WHERE w.id <> $1 AND {_live_worker("w", "$7")}
+  AND {_KIND_OPTIONS_JSON.format(a="k")} <> {_KIND_OPTIONS_JSON.format(a="d")}
+ORDER BY k.kind
+"""
+
+# Live workers ($1: seconds a worker counts as alive) that declared other options for a
+# kind than the ones agora.kinds holds (another worker's, declared later), by kind.
+KIND_CONFLICTS = f"""
+SELECT k.kind, w.id AS worker_id, (w.kind_options -> k.kind)::text AS declares,
+       {_KIND_OPTIONS_JSON.format(a="k")}::text AS holds, k.declared_by
+FROM agora.kinds AS k JOIN agora.workers AS w ON w.kind_options ? k.kind
+WHERE {_live_worker("w", "$1")} AND w.kind_options -> k.kind <> {_KIND_OPTIONS_JSON.format(a="k")}
+ORDER BY k.kind, w.id
 """
 
 # An attempt whose outcome its own worker has written (a rescue's row says
@@ -935,11 +997,9 @@ WITH schedule AS (
 ), removed AS (
     DELETE FROM agora.schedules WHERE pipeline_id = (SELECT pipeline_id FROM schedule)
 ), ahead AS (
-    SELECT (r.result->>'job_id')::bigint AS id FROM agora.runs AS r
-    WHERE r.pipeline_id = (SELECT pipeline_id FROM schedule) AND r.job_id IS NULL AND r.scheduled_for > now()
-    UNION ALL
     SELECT j.id FROM agora.jobs AS j
-    WHERE j.dedup_key = '{PIPELINE_DEDUP_PREFIX}' || (SELECT pipeline_id FROM schedule) AND j.status = 'pending'
+    WHERE j.schedule_id = (SELECT pipeline_id FROM schedule) AND j.status = 'pending'
+      AND (j.run_plan IS NOT NULL OR j.scheduled_for > now())
 ), cancelled AS (
     UPDATE agora.jobs AS j SET status = 'cancelled', finished_at = now(), delayed = false
     FROM ahead WHERE j.id = ahead.id AND ({CLAIMABLE})
@@ -964,8 +1024,8 @@ _NO_LIVE_RUN = f"NOT EXISTS (SELECT {_live_job_of('s.pipeline_id')})"
 
 def _launch_done(pipeline_id: str, launch: str) -> str:
     """A done run of once-per-launch pipeline ``pipeline_id`` by ``launch`` (SQL expressions)."""
-    return (f"SELECT FROM agora.jobs AS j WHERE j.kind = {pipeline_id} AND j.queue = '{PIPELINE_QUEUE}' "
-            f"AND j.status = 'done' AND j.payload->>'launch' = {launch}")
+    return (f"SELECT FROM agora.jobs AS j WHERE j.schedule_id = {pipeline_id} AND j.status = 'done' "
+            f"AND j.run_plan->>'launch' = {launch}")
 
 
 # The schedules $1 (text[]) this process serves, each registered with the spec at the
@@ -994,26 +1054,28 @@ FOR UPDATE OF s SKIP LOCKED
 # A done run of once-per-launch pipeline $1 by launch $2, if any.
 LAUNCH_SUCCEEDED = f"SELECT EXISTS ({_launch_done('$1', '$2')})"
 
-# Record ticks turned into jobs: schedule $1[i]'s tick $2[i] enqueued job $3[i]; its next run
-# is $4[i] (NULL: never, the schedule is completed). Each tick is a succeeded run of worker $5
-# whose result names the job. A tick is recorded once: DUE_TICKS locks its schedule row until
-# this transaction, which also moves the schedule past it, commits.
+# Ticks turned into jobs: job $1[i] runs schedule $2[i]'s tick $3[i], with the run plan
+# $4[i] (JSON text; NULL: a periodic job's, whose schedule moves on now to its next run
+# $5[i], NULL: never again, completed). The job's attempts are the tick's runs, recorded
+# as they end. A pipeline's run enters the claim index now rather than by a promotion at
+# its tick (a claim still takes none before its run_at, and the scheduler of each process
+# that serves it wakes its pipeline worker at the tick). A tick is turned into a job once: DUE_TICKS
+# locks its schedule row until this transaction, which also moves the schedule past it,
+# commits.
 RECORD_TICKS = """
 WITH ticked AS (
-    SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::bigint[], $4::timestamptz[])
-        AS t(pipeline_id, tick, job_id, next_run_at)
-), advanced AS (
-    UPDATE agora.schedules AS s
-    SET next_run_at = COALESCE(t.next_run_at, s.next_run_at),
-        state = CASE WHEN t.next_run_at IS NULL THEN 'completed' ELSE s.state END,
-        last_started_at = clock_timestamp(), last_finished_at = clock_timestamp(), last_status = 'succeeded',
-        consecutive_errors = 0, last_error = NULL, updated_at = now()
-    FROM ticked AS t WHERE s.pipeline_id = t.pipeline_id
+    SELECT * FROM unnest($1::bigint[], $2::text[], $3::timestamptz[], $4::text[], $5::timestamptz[])
+        AS t(job_id, schedule_id, tick, run_plan, next_run_at)
+), marked AS (
+    UPDATE agora.jobs AS j
+    SET schedule_id = t.schedule_id, scheduled_for = t.tick, run_plan = t.run_plan::jsonb,
+        delayed = j.delayed AND t.run_plan IS NULL
+    FROM ticked AS t WHERE j.id = t.job_id
 )
-INSERT INTO agora.runs (pipeline_id, attempt, worker_id, started_at, finished_at, status, scheduled_for, result)
-SELECT pipeline_id, 1, $5, clock_timestamp(), clock_timestamp(), 'succeeded', tick,
-       jsonb_build_object('job_id', job_id)
-FROM ticked
+UPDATE agora.schedules AS s
+SET next_run_at = COALESCE(t.next_run_at, s.next_run_at),
+    state = CASE WHEN t.next_run_at IS NULL THEN 'completed' ELSE s.state END, updated_at = now()
+FROM ticked AS t WHERE s.pipeline_id = t.schedule_id AND t.run_plan IS NULL
 """
 
 # Seconds (by the database clock) until the first of schedules $1 (registered with the specs
@@ -1025,12 +1087,6 @@ SELECT extract(epoch FROM min(s.next_run_at) FILTER (WHERE {_NO_LIVE_RUN}) - clo
                - clock_timestamp()) AS run_in
 FROM agora.schedules AS s {_WANTED.replace("$4", "$3")}
 """
-
-# The jobs $1 (bigint[]) of pipeline runs just enqueued ahead of their ticks enter the
-# claim index now rather than by a promotion at the tick (an update of every one of
-# them, on the tick's critical path): a claim still takes none before its run_at, and
-# the scheduler of each process that serves them wakes its pipeline worker at the tick.
-UNDELAY_RUN_JOBS = "UPDATE agora.jobs SET delayed = false WHERE id = ANY($1::bigint[]) AND delayed"
 
 # The database clock.
 DATABASE_NOW = "SELECT clock_timestamp()"
@@ -1340,7 +1396,7 @@ EVENT_COLUMNS = (
 )
 _JOB_FILTERS = ("($2::bigint IS NULL OR j.id = $2) AND ($3::text IS NULL OR j.kind = $3) "
                 "AND ($4::text IS NULL OR j.queue = $4) "
-                f"AND ($5::text IS NULL OR (j.queue = '{PIPELINE_QUEUE}' AND j.kind = $5))")
+                "AND ($5::text IS NULL OR j.schedule_id = $5)")
 
 
 def _event_source(select: str, time: str, key: str, source: str, where: str) -> str:
@@ -1355,17 +1411,17 @@ LIMIT $8
 
 # job.enqueued: jobs inserted (the BRIN index on created_at finds the recent ones).
 EVENTS_ENQUEUED = _event_source(
-    "j.id AS job_id, NULL::bigint AS run_id, NULL::text AS pipeline_id, j.kind, j.queue, j.status AS job_status, "
+    "j.id AS job_id, NULL::bigint AS run_id, j.schedule_id AS pipeline_id, j.kind, j.queue, j.status AS job_status, "
     "j.attempt, NULL::text AS outcome, NULL::text AS error, j.run_at AS retry_at, NULL::text AS worker_id, "
-    "NULL::timestamptz AS scheduled_for, NULL::text AS progress",
+    "j.scheduled_for, NULL::text AS progress",
     "j.created_at", "j.id", "agora.jobs AS j", _JOB_FILTERS,
 )
 
 # job.started: attempts running now that began at or after $1 (jobs_locked_by_idx holds the running ones).
 EVENTS_STARTED = _event_source(
-    "j.id AS job_id, NULL::bigint AS run_id, NULL::text AS pipeline_id, j.kind, j.queue, j.status AS job_status, "
+    "j.id AS job_id, NULL::bigint AS run_id, j.schedule_id AS pipeline_id, j.kind, j.queue, j.status AS job_status, "
     "j.attempt, NULL::text AS outcome, NULL::text AS error, NULL::timestamptz AS retry_at, j.locked_by AS worker_id, "
-    "NULL::timestamptz AS scheduled_for, j.progress::text AS progress",
+    "j.scheduled_for, j.progress::text AS progress",
     "j.started_at", "j.id", "agora.jobs AS j", f"j.status = 'processing' AND {_JOB_FILTERS}",
 )
 
@@ -1384,9 +1440,9 @@ EVENTS_FINISHED = _event_source(
 
 # job.cancelled: jobs cancelled while not running (a running one's cancel ends its attempt).
 EVENTS_CANCELLED = _event_source(
-    "j.id AS job_id, NULL::bigint AS run_id, NULL::text AS pipeline_id, j.kind, j.queue, j.status AS job_status, "
+    "j.id AS job_id, NULL::bigint AS run_id, j.schedule_id AS pipeline_id, j.kind, j.queue, j.status AS job_status, "
     "j.attempt, 'cancelled' AS outcome, j.error_message AS error, NULL::timestamptz AS retry_at, "
-    "NULL::text AS worker_id, NULL::timestamptz AS scheduled_for, NULL::text AS progress",
+    "NULL::text AS worker_id, j.scheduled_for, NULL::text AS progress",
     "j.finished_at", "j.id", "agora.jobs AS j",
     f"j.status = 'cancelled' AND {_JOB_FILTERS} AND NOT EXISTS "
     "(SELECT 1 FROM agora.runs AS r WHERE r.job_id = j.id AND r.finished_at = j.finished_at)",

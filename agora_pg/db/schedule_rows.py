@@ -78,11 +78,16 @@ class DueTick:
 @dataclasses.dataclass(frozen=True)
 class TickJob:
     """What one due tick becomes: a job, and the schedule's next run (None: never again,
-    the schedule is completed). A pipeline's run (``pipeline_run``) leaves the schedule
-    as it is: the job's end records the run and sets the next one."""
+    the schedule is completed). A pipeline's run (its ``run_plan``: the spec, the next run
+    after a success, the launch) leaves the schedule as it is: the job's end sets the
+    next one from its plan."""
 
     pipeline_id: str
     tick: datetime
     job: JobSpec
     next_run_at: datetime | None
-    pipeline_run: bool = False
+    run_plan: dict[str, Any] | None = None
+
+    @property
+    def pipeline_run(self) -> bool:
+        return self.run_plan is not None

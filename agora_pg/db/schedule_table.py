@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
 
 from agora_pg.db import queries
 from agora_pg.db.connections import StatementRunner
@@ -11,6 +14,17 @@ from agora_pg.db.schedule_rows import DueTick, NextTicks, ScheduleRegistration, 
 from agora_pg.errors import ScheduleConflict, ScheduleNotFound
 from agora_pg.jobs import Job
 
+# A job that runs a tick: (job id, schedule id, tick, run plan or None, the schedule's next run)
+TickMark = tuple[int, str, datetime, dict[str, Any] | None, datetime | None]
+
+
+async def record_ticks(connection: Any, ticks: Sequence[TickMark]) -> None:
+    """Mark jobs just inserted on ``connection`` (in its transaction) as the runs of their
+    ticks (``queries.RECORD_TICKS``)."""
+    if ticks:
+        job_ids, schedule_ids, times, plans, next_runs = zip(*ticks, strict=True)
+        await connection.execute(queries.RECORD_TICKS, list(job_ids), list(schedule_ids), list(times),
+                                 [None if plan is None else json.dumps(plan) for plan in plans], list(next_runs))
 
 
 class ScheduleTable:
@@ -51,13 +65,13 @@ class ScheduleTable:
         return {row["pipeline_id"]: ScheduleRow.from_row(row) for row in rows}
 
     async def enqueue_due_ticks(
-        self, wanted: Sequence[tuple[str, str]], plan: Callable[[DueTick], TickJob], worker_id: str,
+        self, wanted: Sequence[tuple[str, str]], plan: Callable[[DueTick], TickJob],
         ahead_seconds: float = 0.0, launches: Mapping[str, str] | None = None,
     ) -> list[tuple[TickJob, Job]]:
         """Turn the due ticks of the schedules ``wanted`` ((pipeline id, spec) pairs) into
         jobs, in one transaction: lock them, ``plan`` each (pure: the job and the next run),
-        insert the jobs, advance the schedules of periodic jobs and record each of their
-        ticks as a run (a pipeline's run is recorded when its job ends). Ticks another
+        insert the jobs, mark each with its schedule and tick, and advance the schedules
+        of periodic jobs (a pipeline's run sets its schedule's next run when it ends). Ticks another
         process is enqueueing, and pipelines whose run is still alive, are skipped. Ticks due
         within ``ahead_seconds`` are taken too (``plan`` makes their jobs due at the tick; a
         pipeline's run enters the claim index at once, to be claimed from its tick on).
@@ -70,15 +84,8 @@ class ScheduleTable:
                 return []
             ticks = [plan(DueTick(row["pipeline_id"], row["tick"], row["database_now"])) for row in rows]
             jobs = [job for job, _inserted in await insert_jobs(connection.fetch, [tick.job for tick in ticks])]
-            runs = [job.id for tick, job in zip(ticks, jobs, strict=True) if tick.pipeline_run]
-            if runs:
-                await connection.execute(queries.UNDELAY_RUN_JOBS, runs)
-            ticked = [(tick, job) for tick, job in zip(ticks, jobs, strict=True) if not tick.pipeline_run]
-            if ticked:
-                await connection.execute(
-                    queries.RECORD_TICKS, [tick.pipeline_id for tick, _ in ticked], [tick.tick for tick, _ in ticked],
-                    [job.id for _, job in ticked], [tick.next_run_at for tick, _ in ticked], worker_id,
-                )
+            await record_ticks(connection, [(job.id, tick.pipeline_id, tick.tick, tick.run_plan, tick.next_run_at)
+                                            for tick, job in zip(ticks, jobs, strict=True)])
         return list(zip(ticks, jobs, strict=True))
 
     async def next_ticks(self, wanted: Sequence[tuple[str, str]], launches: Mapping[str, str] | None = None) -> NextTicks:

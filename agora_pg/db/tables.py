@@ -64,6 +64,9 @@ jobs = Table(
     Column("progress", JSONB, nullable=True, comment="The running attempt's latest progress report ({done, total, message, at}); kept with the run when it ends."),
     Column("delayed", Boolean, nullable=False, server_default=text("false"), comment="The job waits for its run_at (enqueued for later, or backing off before a retry): it is outside the claim index until a worker's promotion clears this once run_at has passed."),
     Column("fair_key", Text(collation="C"), nullable=True, comment="The job's key for fair share (its kind's fair_by, else limit_by, payload field), written at insert; NULL: its kind has none."),
+    Column("schedule_id", Text, nullable=True, comment="The schedule (agora.schedules.pipeline_id) this job runs a tick of, or the pipeline it runs once; NULL: a plain job."),
+    Column("scheduled_for", DateTime(timezone=True), nullable=True, comment="The tick this job runs (a schedule's), or when a pipeline's run outside its schedule was asked for."),
+    Column("run_plan", JSONB, nullable=True, comment="A pipeline's run: {spec, next_at or next_in_seconds, launch}, what its end writes to its schedule ({} outside its schedule); its one attempt is the run (its schedule, not the job, retries). NULL: not a pipeline's run."),
     # The job row's eleven rules (status values, each status tied to its columns, no
     # negative counters, an object payload, a positive timeout) in one function, which
     # names the broken rule's constraint (migration 0014).
@@ -101,6 +104,7 @@ Index(
 Index("jobs_locked_by_idx", jobs.c.locked_by, postgresql_where=text("status = 'processing'"))
 Index("jobs_created_at_brin", jobs.c.created_at, postgresql_using="brin")
 Index("jobs_cancelled_idx", jobs.c.finished_at, postgresql_where=text("status = 'cancelled'"))
+Index("jobs_schedule_idx", jobs.c.schedule_id, jobs.c.scheduled_for, postgresql_where=text("schedule_id IS NOT NULL"))
 
 runs = Table(
     "runs",
@@ -205,7 +209,21 @@ workers = Table(
     Column("stopped_at", DateTime(timezone=True), nullable=True, comment="When the worker stopped cleanly; NULL while running or after a crash."),
     Column("lease_expires_at", DateTime(timezone=True), nullable=True, comment="Until when the worker's running jobs are its own (renewed by its lease supervisor); after this, other workers rescue them. NULL: the worker holds no worker lease."),
     Column("kinds", ARRAY(Text), nullable=True, comment="The job kinds the worker handles; NULL: not known (a worker of an earlier version)."),
+    Column("kind_options", JSONB, nullable=True, comment="The options this worker declared for each of its kinds ({kind: {queue, max_retries, timeout_seconds, retry_backoff_seconds}}); NULL: none."),
     comment="Worker processes and their heartbeats.",
+)
+
+kinds = Table(
+    "kinds",
+    metadata,
+    Column("kind", Text, primary_key=True, comment="The job kind."),
+    Column("queue", Text, nullable=True, comment="The queue a job of the kind goes to when its enqueue names none; NULL: 'default'."),
+    Column("max_retries", Integer, nullable=True, comment="Failed attempts after which its jobs stay failed; NULL: the worker's WORKER_MAX_RETRIES."),
+    Column("timeout_seconds", Float, nullable=True, comment="Seconds an attempt may run; NULL: the worker's WORKER_JOB_TIMEOUT."),
+    Column("retry_backoff_seconds", Float, nullable=True, comment="Base of the retry delay; NULL: the worker's WORKER_RETRY_BACKOFF_SECONDS."),
+    Column("declared_by", Text, nullable=False, comment="The worker whose declaration this is (agora.workers.id): the latest to start wins."),
+    Column("declared_at", DateTime(timezone=True), nullable=False, server_default=text("now()"), comment="When it was declared."),
+    comment="Each kind's options, as its workers declare them; every producer applies them at enqueue.",
 )
 
 kind_limits = Table(

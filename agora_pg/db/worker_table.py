@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agora_pg.db import queries
 from agora_pg.db.connections import StatementRunner
-from agora_pg.db.job_rows import LeaseRenewal, UnhandledJobs
+from agora_pg.db.job_rows import DeclaredKind, KindConflict, LeaseRenewal, UnhandledJobs
 
 
 
@@ -28,6 +28,22 @@ class WorkerTable:
         """Record a starting worker, the queues it claims and the kinds it handles."""
         await self._store.execute(queries.INSERT_WORKER, worker_id, hostname, pid, list(queues),
                                   None if kinds is None else sorted(kinds))
+
+    async def declare_kinds(self, worker_id: str, kinds: Mapping[str, DeclaredKind]) -> list[KindConflict]:
+        """Worker ``worker_id`` declares its kinds' options (``queries.DECLARE_KINDS``): they
+        apply to every job of those kinds enqueued from now on. Returns the kinds whose
+        options were another live worker's, and differ."""
+        names = sorted(kinds)
+        rows = await self._store.fetch(
+            queries.DECLARE_KINDS, worker_id, names, [kinds[k].queue for k in names],
+            [kinds[k].max_retries for k in names], [kinds[k].timeout_seconds for k in names],
+            [kinds[k].retry_backoff_seconds for k in names], float(WORKER_ALIVE_SECONDS))
+        return [KindConflict.from_row(row) for row in rows]
+
+    async def kind_conflicts(self, alive_seconds: float = WORKER_ALIVE_SECONDS) -> list[KindConflict]:
+        """Live workers that declared other options for a kind than those that apply."""
+        return [KindConflict.from_row(row) for row in await self._store.fetch(queries.KIND_CONFLICTS,
+                                                                              float(alive_seconds))]
 
     async def live_handlers_of(self, kind: str, queue: str, alive_seconds: float) -> tuple[bool, list[str]]:
         """Whether a live worker of ``queue`` handles ``kind`` (a worker that does not say

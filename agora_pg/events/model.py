@@ -14,7 +14,6 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from agora_pg.db.queries import PIPELINE_QUEUE
 from agora_pg.errors import AgoraError
 
 EVENT_TYPES = (
@@ -80,8 +79,8 @@ class EventFilter:
 
     def matches(self, event: Event) -> bool:
         data = event.data
-        if self.pipeline_id is not None and (data.get("queue"), data.get("kind")) != (PIPELINE_QUEUE, self.pipeline_id):
-            return False  # (a pipeline's runs are jobs of the pipelines' queue, of its kind)
+        if self.pipeline_id is not None and data.get("pipeline_id") != self.pipeline_id:
+            return False
         if self.job_id is not None and data.get("job_id") != self.job_id:
             return False
         if self.kind is not None and data.get("kind") != self.kind:

@@ -18,6 +18,8 @@ import logging
 from typing import Any
 
 from agora_pg.db.store import Store
+from agora_pg.db import queries
+from agora_pg.db.schedule_table import record_ticks
 from agora_pg.errors import AgoraError
 from agora_pg.jobs import Job, JobStatus
 from agora_pg.runner.scheduled_pipeline import Factory, pipeline_run_job, run_pipeline_job
@@ -73,6 +75,18 @@ async def run_now(
         await serving
 
 
+async def enqueue_run(store: Store, pipeline_id: str, **payload: Any) -> tuple[Job, bool]:
+    """Enqueue a run of ``pipeline_id`` outside its schedule (its run plan is empty),
+    due now; ``(the run in flight, False)`` when there is one."""
+    async with store.connection() as connection, connection.transaction():
+        when = await connection.fetchval(queries.DATABASE_NOW)
+        [(job, inserted)] = await store.jobs.enqueue([pipeline_run_job(pipeline_id, when, **payload)],
+                                                     connection=connection)
+        if inserted:
+            await record_ticks(connection, [(job.id, pipeline_id, when, {}, None)])
+    return job, inserted
+
+
 async def _enqueue_after_run_in_flight(
     store: Store, settings: Settings, pipeline_id: str, wait: bool, payload: dict[str, Any],
 ) -> Job:
@@ -80,8 +94,7 @@ async def _enqueue_after_run_in_flight(
     died is rescued here once its lease has passed)."""
     waiting_for = None
     while True:
-        when = await store.database_now()
-        [(job, inserted)] = await store.jobs.enqueue([pipeline_run_job(pipeline_id, when, **payload)])
+        job, inserted = await enqueue_run(store, pipeline_id, **payload)
         if inserted:
             return job
         if wait and waiting_for != job.id:  # (said first, even when its lease has passed already)

@@ -88,7 +88,7 @@ class PeriodicJob:
         """The job one tick enqueues."""
         template = self.template
         when = tick.isoformat()
-        return JobSpec(template.kind, {**template.payload, TICK_FIELD: when}, queue=template.queue_name,
+        return JobSpec(template.kind, {**template.payload, TICK_FIELD: when}, queue=template.queue,
                        priority=template.priority, max_retries=template.max_retries,
                        timeout_seconds=template.timeout_seconds, dedup_key=f"{self.pipeline_id}@{when}",
                        run_at=tick)

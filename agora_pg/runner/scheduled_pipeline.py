@@ -166,19 +166,21 @@ class PipelineSchedule:
         return PipelineStatus.of(self.pipeline_id, self.row, self.running, self.deleted)
 
     def plan(self, due: DueTick) -> TickJob:
-        """The job that runs a due tick: it carries the tick, the spec it was planned
-        under and the next run after a success, which its end writes to the schedule."""
-        payload: dict[str, Any] = {TICK_FIELD: due.tick.isoformat(), "spec": self.schedule.spec}
+        """The job that runs a due tick, and its run plan: the spec it was planned under
+        and the next run after a success, which its end writes to the schedule (its
+        payload has the tick and the launch, for the handler)."""
+        payload: dict[str, Any] = {TICK_FIELD: due.tick.isoformat()}
+        plan: dict[str, Any] = {"spec": self.schedule.spec}
         if self.launch is not None:
-            payload["launch"] = self.launch
+            payload["launch"] = plan["launch"] = self.launch
         next_run = self.schedule.next_run_after_success(due.database_now, due.tick)
         if next_run.at is not None:
-            payload["next_at"] = next_run.at.isoformat()
+            plan["next_at"] = next_run.at.isoformat()
         elif next_run.in_seconds is not None:
-            payload["next_in_seconds"] = next_run.in_seconds
+            plan["next_in_seconds"] = next_run.in_seconds
         job = JobSpec(self.pipeline_id, payload, queue=queries.PIPELINE_QUEUE, max_retries=0,
                       dedup_key=queries.PIPELINE_DEDUP_PREFIX + self.pipeline_id, run_at=due.tick)
-        return TickJob(self.pipeline_id, due.tick, job, None, pipeline_run=True)
+        return TickJob(self.pipeline_id, due.tick, job, None, plan)
 
     async def run_job(self, job: Job, store: Store) -> dict[str, int] | None:
         """The handler of this pipeline's jobs: ``factory()``, ``run()``, ``close()``,

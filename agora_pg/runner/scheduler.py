@@ -55,16 +55,15 @@ class SchedulerPass:
 
 
 class Scheduler:
-    """Enqueues the ticks of ``schedules`` (periodic jobs and scheduled pipelines) as
-    ``worker_id``; see the module docstring. ``max_wait``: the longest sleep between
+    """Enqueues the ticks of ``schedules`` (periodic jobs and scheduled pipelines); see
+    the module docstring. ``max_wait``: the longest sleep between
     passes (shorter when no notification will wake it)."""
 
     def __init__(
-        self, store: Store, worker_id: str, schedules: Sequence[PeriodicJob | PipelineSchedule],
+        self, store: Store, schedules: Sequence[PeriodicJob | PipelineSchedule],
         max_wait: float = MAX_WAIT, *, retire_undeclared: bool = False,
     ) -> None:
         self.store = store
-        self.worker_id = worker_id
         self.schedules = {item.pipeline_id: item for item in schedules}
         self.wanted = [(item.pipeline_id, item.schedule.spec) for item in schedules]
         self.launches: dict[str, str] = {}  # each once-per-launch pipeline's launch, once registered
@@ -118,7 +117,7 @@ class Scheduler:
     async def run_once(self) -> SchedulerPass:
         """Enqueue every due tick; returns what was enqueued and how long to wait."""
         enqueued = await self.store.schedules.enqueue_due_ticks(
-            self.wanted, lambda due: self.schedules[due.pipeline_id].plan(due), self.worker_id, AHEAD_SECONDS,
+            self.wanted, lambda due: self.schedules[due.pipeline_id].plan(due), AHEAD_SECONDS,
             self.launches)
         for tick, job in enqueued:
             what = "pipeline" if tick.pipeline_run else "periodic job"

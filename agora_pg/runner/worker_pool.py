@@ -204,9 +204,9 @@ class WorkerPool:
     async def _serve(self, store: Store, settings: Settings) -> None:
         worker_id = self.job_worker.id if self.job_worker is not None else new_worker_id()
         async with supervising(None, store.database, worker_id, settings) as supervisor:
-            await self._serve_with(store, settings, worker_id, supervisor)
+            await self._serve_with(store, settings, supervisor)
 
-    async def _serve_with(self, store: Store, settings: Settings, worker_id: str, supervisor: LeaseSupervisor) -> None:
+    async def _serve_with(self, store: Store, settings: Settings, supervisor: LeaseSupervisor) -> None:
         if self.health_port is not None:  # first: a port in use stops the pool before anything runs
             self.health = HealthServer(self.health_port, self._live, self._ready, self.health_host, self._metrics)
             await self.health.start()
@@ -222,7 +222,7 @@ class WorkerPool:
             tasks[asyncio.create_task(serving, name="pipelines")] = self.pipeline_worker
         scheduling = None
         if self.pipelines or self.periodic_jobs:
-            self.scheduler = Scheduler(store, worker_id, [*self.pipelines, *self.periodic_jobs],
+            self.scheduler = Scheduler(store, [*self.pipelines, *self.periodic_jobs],
                                        MAX_WAIT if settings.notifications else settings.poll_seconds,
                                        retire_undeclared=self.retire_undeclared_schedules)
             if self.pipeline_worker is not None:

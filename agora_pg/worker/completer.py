@@ -201,7 +201,8 @@ class Completer:
         job = attempt.job
         delay, final = 0.0, outcome.final
         if outcome.kind is OutcomeKind.FAILED and not final:
-            max_retries = job.max_retries if job.max_retries is not None else self._default_max_retries
+            max_retries = next(value for value in (job.max_retries, attempt.options.max_retries,
+                                                   self._default_max_retries) if value is not None)
             backoff = self._backoff
             if attempt.options.retry_backoff is not None:  # the kind's own base delay
                 backoff = dataclasses.replace(backoff, base_seconds=attempt.options.retry_backoff)

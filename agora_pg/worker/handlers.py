@@ -7,7 +7,7 @@ import inspect
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
-from agora_pg.db.job_rows import QueueLimit
+from agora_pg.db.job_rows import DeclaredKind, QueueLimit
 from agora_pg.errors import AgoraError
 from agora_pg.job_spec import JobSpec, refuse_reserved_queue
 from agora_pg.jobs import Job
@@ -91,6 +91,11 @@ class KindOptions:
             raise ValueError(f"fair_by must be the name of a payload field, got {self.fair_by!r}")
         if self.rate is not None:
             check_rate(self.rate, "rate")
+
+    def declared(self) -> DeclaredKind:
+        """What a worker declares of this kind in ``agora.kinds``."""
+        return DeclaredKind(self.queue, self.max_retries, None if self.timeout is None else float(self.timeout),
+                            None if self.retry_backoff is None else float(self.retry_backoff))
 
     def apply(self, spec: JobSpec) -> JobSpec:
         """``spec`` as this kind enqueues it: its payload checked against ``payload`` (as

@@ -228,6 +228,12 @@ class _WorkerRun:
         async def register() -> None:  # (its statements are idempotent: a retry runs them again)
             await self.store.workers.register(worker.id, socket.gethostname(), os.getpid(), settings.queues,
                                               self.known_kinds)
+            if worker.kind_options:
+                declared = {kind: options.declared() for kind, options in worker.kind_options.items()}
+                for conflict in await self.store.workers.declare_kinds(worker.id, declared):
+                    log.warning("kind %r: this worker declares %s, live worker %s declared %s: this worker's "
+                                "options apply from now on (the latest worker to start wins)", conflict.kind,
+                                conflict.declares, conflict.worker_id, conflict.holds)
             if limits:
                 await self.store.jobs.declare_limits(limits)
             if worker.queue_limits:

@@ -64,7 +64,7 @@ async def test_post_job_creates_it_and_a_dedup_hit_returns_the_live_one(client: 
     assert created.status_code == 201, created.text
     job = created.json()
     assert (job["name"], job["kind"], job["status"], job["payload"], job["max_retries"]) == (
-        "remind", "appointment_reminder", "pending", {"appointment_id": 1}, 3,
+        "remind", "appointment_reminder", "pending", {"appointment_id": 1}, None,  # (its kind's, else the worker's)
     )
     again = await client.post("/jobs", json=body)
     assert again.status_code == 200 and again.json()["id"] == job["id"]
@@ -238,7 +238,7 @@ async def test_schedules_list_show_pause_resume_trigger(client: httpx.AsyncClien
     assert (shown["state"], shown["running"], shown["schedule_spec"]) == ("active", False, "every(seconds=60)")
 
     assert (await client.post("/schedules/a-ingest/pause")).json()["state"] == "paused"
-    assert await store.schedules.enqueue_due_ticks([("a-ingest", "every(seconds=60)")], _plan("a-ingest"), "s") == []
+    assert await store.schedules.enqueue_due_ticks([("a-ingest", "every(seconds=60)")], _plan("a-ingest")) == []
     refused = await client.post("/schedules/a-ingest/trigger")
     assert refused.status_code == 409 and "paused" in refused.json()["detail"]
     assert (await client.post("/schedules/a-ingest/resume")).json()["state"] == "active"
@@ -268,7 +268,7 @@ def _plan(pipeline_id: str) -> Any:
 
 async def _start_run(store: Store, pipeline_id: str) -> Job:
     """A run of ``pipeline_id``, due now, enqueued and claimed by worker w1."""
-    [(_, job)] = await store.schedules.enqueue_due_ticks([(pipeline_id, "every(seconds=60)")], _plan(pipeline_id), "s")
+    [(_, job)] = await store.schedules.enqueue_due_ticks([(pipeline_id, "every(seconds=60)")], _plan(pipeline_id))
     [claimed] = await store.jobs.claim([queries.PIPELINE_QUEUE], 10, "w1", 30, kinds=[pipeline_id])
     assert claimed.id == job.id
     return claimed

@@ -21,7 +21,7 @@ from agora_pg.db.pipeline_state import PipelineState
 from agora_pg.db.schedule_rows import ScheduleRegistration
 from agora_pg.db.store import Store
 from agora_pg.jobs import JobStatus
-from agora_pg.runner.scheduled_pipeline import pipeline_run_job
+from agora_pg.runner.adhoc import enqueue_run
 from agora_pg.settings import Settings
 
 from .helpers import record_failure
@@ -140,7 +140,7 @@ async def test_dead_letters_replay_through_the_api_and_the_dashboard(
         async with store.connection() as connection:
             await connection.execute("ALTER TABLE public.events DROP CONSTRAINT events_amount_check")
         # a run of the pipeline in flight elsewhere (its worker alive): the replay is refused, not queued
-        [(in_flight, _)] = await store.jobs.enqueue([pipeline_run_job("ingest", await store.database_now())])
+        in_flight, _ = await enqueue_run(store, "ingest", run="now")
         [claimed] = await store.jobs.claim([queries.PIPELINE_QUEUE], 1, "elsewhere", 30, kinds=["ingest"])
         busy = await client.post("/dead-letters/ingest/replay")
         assert busy.status_code == 409, busy.text

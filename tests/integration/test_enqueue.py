@@ -18,7 +18,7 @@ async def test_enqueue_stores_a_pending_job_with_defaults(queue: Queue) -> None:
     assert job.id > 0
     assert (job.name, job.kind, job.queue, job.status) == ("send_email", "send_email", "default", JobStatus.PENDING)
     assert job.payload == {"to": "a@b.c"}
-    assert (job.priority, job.retry_count, job.max_retries, job.attempt) == (0, 0, 3, 0)
+    assert (job.priority, job.retry_count, job.max_retries, job.attempt) == (0, 0, None, 0)  # (its kind's, else the worker's)
     assert job.error_message is None and job.locked_by is None
     assert job.run_at <= datetime.now(UTC) + timedelta(seconds=1)
     assert await queue.get(job.id) == job
@@ -51,7 +51,7 @@ async def test_enqueue_many_stores_every_argument_as_get_reads_it(queue: Queue) 
         JobSpec("other"),
     ]
     jobs = await queue.enqueue_many(specs)
-    assert [job.max_retries for job in jobs] == [3, 0, 3]  # the queue's default fills the unset ones
+    assert [job.max_retries for job in jobs] == [None, 0, None]  # unset: the kind's, else the worker's
     assert jobs[1].run_at == datetime(2031, 5, 4, 2, 2, 1, 7, tzinfo=UTC)
     for job in jobs:
         stored = await queue.get(job.id)

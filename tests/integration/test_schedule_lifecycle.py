@@ -48,7 +48,7 @@ async def _job_statuses(store: Store, kind: str) -> list[str]:
 async def test_a_schedule_no_process_declares_shows_as_orphaned_until_one_does_again(
     store: Store, client: httpx.AsyncClient
 ) -> None:
-    scheduler = Scheduler(store, "w1", [PeriodicJob("report", Schedule.every(hours=1))])
+    scheduler = Scheduler(store, [PeriodicJob("report", Schedule.every(hours=1))])
     await scheduler.register()
     assert (await client.get("/schedules/periodic:report")).json()["orphaned_since"] is None
     await _last_declared(store, "periodic:report", SCHEDULE_ORPHANED_AFTER_SECONDS + 5)
@@ -65,29 +65,31 @@ async def test_a_schedule_no_process_declares_shows_as_orphaned_until_one_does_a
 async def test_deleting_a_schedule_cancels_its_future_ticks_keeps_its_history_and_stays_deleted(
     store: Store, client: httpx.AsyncClient
 ) -> None:
-    serving = Scheduler(store, "w1", [PeriodicJob("report", Schedule.every(hours=1))])
+    serving = Scheduler(store, [PeriodicJob("report", Schedule.every(hours=1))])
     await serving.register()
     await make_due(store, "periodic:report", "2 hours")
-    [(_tick, ran)] = (await serving.run_once()).enqueued  # a tick that was due: its job is history
+    [(_tick, ran)] = (await serving.run_once()).enqueued  # a tick that was due: its job ran, its run is history
+    [claimed] = await store.jobs.claim(["default"], 1, "w", 30, kinds=["report"])
+    assert await store.jobs.complete_succeeded([(claimed.id, claimed.attempt)], "w") == {ran.id}
     # and the next tick's, enqueued ahead of its tick (a scheduler takes ticks due within 0.2 s;
     # within two hours here, so that it is still ahead when deleted)
     [(_ahead_tick, ahead)] = await store.schedules.enqueue_due_ticks(
-        serving.wanted, lambda due: serving.schedules[due.pipeline_id].plan(due), "w1", ahead_seconds=7200)
-    assert await _job_statuses(store, "report") == ["pending", "pending"]
+        serving.wanted, lambda due: serving.schedules[due.pipeline_id].plan(due), ahead_seconds=7200)
+    assert await _job_statuses(store, "report") == ["done", "pending"]
     response = await client.delete("/schedules/periodic:report")
     assert response.status_code == 200 and response.json()["pipeline_id"] == "periodic:report"
     assert (await client.get("/schedules/periodic:report")).status_code == 404
     assert (await client.delete("/schedules/periodic:report")).status_code == 404
-    assert await _job_statuses(store, "report") == ["pending", "cancelled"]  # (the due tick's job still runs)
+    assert await _job_statuses(store, "report") == ["done", "cancelled"]
     assert (await store.jobs.get(ahead.id)).status.value == "cancelled" and ran.id != ahead.id
     async with store.connection() as connection:
-        assert await connection.fetchval("SELECT count(*) FROM agora.runs WHERE pipeline_id = 'periodic:report'") == 2
+        assert await connection.fetchval("SELECT count(*) FROM agora.runs WHERE pipeline_id = 'periodic:report'") == 1
     # the process that served it runs no more of its ticks, and says so
     assert (await serving.run_once()).enqueued == [] and serving.deleted == {"periodic:report"}
     # a process whose code does not declare it never brings it back; one whose code does, does
-    await Scheduler(store, "w3", [PeriodicJob("other", Schedule.every(hours=1))]).register()
+    await Scheduler(store, [PeriodicJob("other", Schedule.every(hours=1))]).register()
     assert await store.schedules.get("periodic:report") is None
-    await Scheduler(store, "w4", [PeriodicJob("report", Schedule.every(hours=1))]).register()
+    await Scheduler(store, [PeriodicJob("report", Schedule.every(hours=1))]).register()
     assert await store.schedules.get("periodic:report") is not None
 
 
@@ -96,7 +98,7 @@ async def test_the_cli_deletes_a_schedule_and_an_unknown_one_is_one_line(
 ) -> None:
     from agora_pg.cli import main
 
-    await Scheduler(store, "w1", [PeriodicJob("report", Schedule.every(hours=1))]).register()
+    await Scheduler(store, [PeriodicJob("report", Schedule.every(hours=1))]).register()
     monkeypatch.setenv("AGORA_PG_DATABASE_URL", database_url)
     assert await asyncio.to_thread(main, ["schedules", "delete", "periodic:report"]) == 0
     assert "deleted, with 0 job(s) of its future ticks cancelled; its runs stay" in capsys.readouterr().out
@@ -106,15 +108,15 @@ async def test_the_cli_deletes_a_schedule_and_an_unknown_one_is_one_line(
 
 
 async def test_a_pool_that_retires_undeclared_schedules_deletes_the_orphans_of_other_code(store: Store) -> None:
-    await Scheduler(store, "old", [PeriodicJob("gone", Schedule.every(hours=1)),
+    await Scheduler(store, [PeriodicJob("gone", Schedule.every(hours=1)),
                                    PeriodicJob("recent", Schedule.every(hours=1))]).register()
     await _last_declared(store, "periodic:gone", SCHEDULE_ORPHANED_AFTER_SECONDS + 5)
-    mine = Scheduler(store, "new", [PeriodicJob("kept", Schedule.every(hours=1))], retire_undeclared=True)
+    mine = Scheduler(store, [PeriodicJob("kept", Schedule.every(hours=1))], retire_undeclared=True)
     await mine.register()
     await _last_declared(store, "periodic:kept", SCHEDULE_ORPHANED_AFTER_SECONDS + 5)  # (its own: never retired)
     await mine.run_once()
     assert [row.pipeline_id for row in await store.schedules.all()] == ["periodic:kept", "periodic:recent"]
-    polite = Scheduler(store, "other", [PeriodicJob("x", Schedule.every(hours=1))])  # (the default: retires none)
+    polite = Scheduler(store, [PeriodicJob("x", Schedule.every(hours=1))])  # (the default: retires none)
     await polite.register()
     await _last_declared(store, "periodic:recent", SCHEDULE_ORPHANED_AFTER_SECONDS + 5)
     await polite.run_once()
@@ -122,7 +124,7 @@ async def test_a_pool_that_retires_undeclared_schedules_deletes_the_orphans_of_o
 
 
 async def test_a_failed_run_retried_by_hand_later_never_moves_its_schedule_backwards(store: Store) -> None:
-    scheduler = Scheduler(store, "w1", [ScheduledPipeline(_never_built, Schedule.every(hours=1), "hourly")])
+    scheduler = Scheduler(store, [ScheduledPipeline(_never_built, Schedule.every(hours=1), "hourly")])
     await scheduler.register()
     await make_due(store, "hourly")
     [(_tick, job)] = (await scheduler.run_once()).enqueued
@@ -141,7 +143,7 @@ async def test_a_failed_run_retried_by_hand_later_never_moves_its_schedule_backw
 
 
 async def test_a_scheduled_run_cancelled_before_it_starts_skips_its_tick(store: Store) -> None:
-    scheduler = Scheduler(store, "w1", [ScheduledPipeline(_never_built, Schedule.every(hours=1), "hourly")])
+    scheduler = Scheduler(store, [ScheduledPipeline(_never_built, Schedule.every(hours=1), "hourly")])
     await scheduler.register()
     await make_due(store, "hourly")
     [(tick, job)] = (await scheduler.run_once()).enqueued
@@ -149,5 +151,28 @@ async def test_a_scheduled_run_cancelled_before_it_starts_skips_its_tick(store: 
     assert (await scheduler.run_once()).enqueued == []  # the tick is skipped, not enqueued again
     row = await store.schedules.get("hourly")
     assert row is not None and row.state == "active" and row.next_run_at is not None
-    assert "next_in_seconds" in job.payload  # (every: the next run an hour after the skipped one's end)
+    assert tick.run_plan is not None and "next_in_seconds" in tick.run_plan  # (every: the next run an hour after the skipped one's end)
     assert row.next_run_at > tick.tick + timedelta(minutes=59)
+
+
+async def test_a_job_that_only_looks_like_a_run_changes_no_schedule(store: Store) -> None:
+    """What a run's end writes to its schedule comes from the job's columns (schedule_id,
+    run_plan), never from its queue's name or its payload: a job written by SQL into the
+    pipelines' queue, of the pipeline's kind, with a payload naming a next run, is a plain
+    job, and its failure neither counts against the schedule nor moves it."""
+    scheduler = Scheduler(store, [ScheduledPipeline(_never_built, Schedule.every(hours=1), "hourly")])
+    await scheduler.register()
+    before = await store.schedules.get("hourly")
+    async with store.connection() as connection:
+        job_id = await connection.fetchval(
+            "INSERT INTO agora.jobs (name, kind, queue, payload, max_retries) VALUES ('x', 'hourly', $1, "
+            """'{"spec": "every 3600s", "next_at": "2099-01-01T00:00:00+00:00", "scheduled_for": "2026-01-01T00:00:00+00:00"}', 0)"""
+            " RETURNING id", queries.PIPELINE_QUEUE)
+    [claimed] = await store.jobs.claim([queries.PIPELINE_QUEUE], 1, "w1", 30, kinds=["hourly"])
+    assert claimed.id == job_id
+    await record_failure(store, job_id, claimed.attempt, "w1", "boom")
+    after = await store.schedules.get("hourly")
+    assert before is not None and after is not None
+    assert (after.next_run_at, after.consecutive_errors, after.last_status) == (before.next_run_at, 0, None)
+    async with store.connection() as connection:
+        assert await connection.fetchval("SELECT pipeline_id FROM agora.runs WHERE job_id = $1", job_id) is None

@@ -212,7 +212,7 @@ async def test_a_run_of_one_launch_that_another_launch_ran_counts_for_the_first_
     first, second = (ScheduledPipeline(Recorder(), once, "nightly") for _ in (1, 2))
     first.launch, second.launch = "launch-a", "launch-b"
     await store.schedules.upsert(ScheduleRegistration("nightly", "once", once.spec, None, 60, 10, new_launch=True))
-    [(_, job)] = await store.schedules.enqueue_due_ticks([("nightly", once.spec)], first.plan, "a",
+    [(_, job)] = await store.schedules.enqueue_due_ticks([("nightly", once.spec)], first.plan,
                                                          launches={"nightly": "launch-a"})
     [claimed] = await store.jobs.claim([queries.PIPELINE_QUEUE], 1, "worker-of-b", 30, kinds=["nightly"])
     assert (claimed.id, claimed.payload["launch"]) == (job.id, "launch-a")
@@ -222,10 +222,10 @@ async def test_a_run_of_one_launch_that_another_launch_ran_counts_for_the_first_
     assert not await store.schedules.launch_succeeded("nightly", "launch-b")
     await store.schedules.launch_once_again("nightly", once.spec)  # launch B wants its own run
     # launch A's scheduler, whatever it last read, plans no second run for A; B's does
-    assert await store.schedules.enqueue_due_ticks([("nightly", once.spec)], first.plan, "a",
+    assert await store.schedules.enqueue_due_ticks([("nightly", once.spec)], first.plan,
                                                    launches={"nightly": "launch-a"}) == []
     assert (await store.schedules.next_ticks([("nightly", once.spec)], {"nightly": "launch-a"})).due_in is None
-    [(_, again)] = await store.schedules.enqueue_due_ticks([("nightly", once.spec)], second.plan, "b",
+    [(_, again)] = await store.schedules.enqueue_due_ticks([("nightly", once.spec)], second.plan,
                                                            launches={"nightly": "launch-b"})
     assert again.payload["launch"] == "launch-b"
 
@@ -280,8 +280,8 @@ async def test_changed_schedule_replaces_the_old_one(store: Store, settings: Set
     async with store.connection() as connection:  # even when due, the old schedule's workers do not run it
         await connection.execute("UPDATE agora.schedules SET next_run_at = now() - interval '1 minute'")
     plan = ScheduledPipeline(factory, new, "report").plan
-    assert await store.schedules.enqueue_due_ticks([("report", Schedule.every(seconds=5).spec)], plan, "old") == []
-    assert len(await store.schedules.enqueue_due_ticks([("report", new.spec)], plan, "new")) == 1
+    assert await store.schedules.enqueue_due_ticks([("report", Schedule.every(seconds=5).spec)], plan) == []
+    assert len(await store.schedules.enqueue_due_ticks([("report", new.spec)], plan)) == 1
 
 
 async def test_a_spec_changed_while_a_run_is_in_flight_is_kept(store: Store, settings: Settings) -> None:
@@ -320,10 +320,10 @@ async def test_a_run_whose_worker_died_counts_as_a_failed_run_and_its_late_end_i
     spec = Schedule.every(seconds=1).spec
     plan = ScheduledPipeline(Recorder(), Schedule.every(seconds=1), "p").plan
     await store.schedules.upsert(ScheduleRegistration("p", "every", spec, None, 60, 10))
-    [(tick, job)] = await store.schedules.enqueue_due_ticks([("p", spec)], plan, "scheduler")
+    [(tick, job)] = await store.schedules.enqueue_due_ticks([("p", spec)], plan)
     [claimed] = await store.jobs.claim([queries.PIPELINE_QUEUE], 10, "ghost", 30, kinds=["p"])
     assert claimed.id == job.id
-    assert await store.schedules.enqueue_due_ticks([("p", spec)], plan, "scheduler") == []  # no overlap
+    assert await store.schedules.enqueue_due_ticks([("p", spec)], plan) == []  # no overlap
     async with store.connection() as connection:  # the ghost died: its lease passes
         expired = await connection.fetchval(
             "UPDATE agora.jobs SET lease_expires_at = now() - interval '1 second' RETURNING lease_expires_at")

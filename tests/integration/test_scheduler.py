@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import pytest
 
+from agora_pg.db.job_rows import JobFinish
 from agora_pg.db.schedule_rows import DueTick, TickJob
 from agora_pg.db.store import Store
 from agora_pg.runner import PeriodicJob, Schedule
@@ -27,16 +28,24 @@ async def jobs_of(store: Store, kind: str) -> list[dict[str, object]]:
     return [dict(row) for row in rows]
 
 
+async def tick_jobs(store: Store, schedule_id: str) -> list[dict[str, object]]:
+    """The jobs that run ticks of a schedule, as their columns say."""
+    async with store.connection() as connection:
+        rows = await connection.fetch("SELECT id, scheduled_for, run_plan FROM agora.jobs WHERE schedule_id = $1 "
+                                      "ORDER BY id", schedule_id)
+    return [dict(row) for row in rows]
+
+
 async def tick_runs(store: Store, pipeline_id: str) -> list[dict[str, object]]:
     async with store.connection() as connection:
         rows = await connection.fetch(
-            "SELECT scheduled_for, status, result::text FROM agora.runs WHERE pipeline_id = $1 ORDER BY id", pipeline_id
+            "SELECT job_id, scheduled_for, status FROM agora.runs WHERE pipeline_id = $1 ORDER BY id", pipeline_id
         )
     return [dict(row) for row in rows]
 
 
 async def test_a_due_tick_becomes_one_job_and_the_schedule_moves_on(store: Store) -> None:
-    scheduler = Scheduler(store, "w1", [PeriodicJob("report", Schedule.cron("0 8 * * *"), payload={"to": "a"})])
+    scheduler = Scheduler(store, [PeriodicJob("report", Schedule.cron("0 8 * * *"), payload={"to": "a"})])
     await scheduler.register()
     assert (await scheduler.run_once()).enqueued == []  # the first tick is tomorrow's (or today's) 08:00
     await make_due(store, "periodic:report", "3 days")  # missed ticks while no worker ran
@@ -50,13 +59,30 @@ async def test_a_due_tick_becomes_one_job_and_the_schedule_moves_on(store: Store
     now = await store.database_now()
     assert row.next_run_at is not None and now < row.next_run_at <= now + timedelta(days=1)
     assert row.next_run_at.hour == 8 and row.next_run_at.minute == 0
-    [run] = await tick_runs(store, "periodic:report")
-    assert (run["status"], run["scheduled_for"], run["result"]) == ("succeeded", tick.tick, f'{{"job_id": {job.id}}}')
+    assert await tick_jobs(store, "periodic:report") == [{"id": job.id, "scheduled_for": tick.tick, "run_plan": None}]
+    assert await tick_runs(store, "periodic:report") == []  # its run is recorded when the job's attempt ends
     assert 0 < second.wait_seconds <= MAX_WAIT
 
 
+async def test_a_ticks_runs_record_what_its_job_did(store: Store) -> None:
+    scheduler = Scheduler(store, [PeriodicJob("report", Schedule.every(hours=1), max_retries=2)])
+    await scheduler.register()
+    [(tick, job)] = (await scheduler.run_once()).enqueued
+    for _attempt in (1, 2):  # its one retry fails too: the job fails for good
+        await store.jobs.promote_due(100)
+        [claimed] = await store.jobs.claim(["default"], 1, "w", 30, kinds=["report"])
+        failure = JobFinish(claimed.id, claimed.attempt, "failed", "ValueError", "ValueError: no", None, 0, False)
+        assert await store.jobs.finish([failure], "w", 3, 3) == {job.id}
+    assert (await store.jobs.get(job.id)).status.value == "failed"
+    assert await tick_runs(store, "periodic:report") == [
+        {"job_id": job.id, "scheduled_for": tick.tick, "status": status} for status in ("failed", "failed")]
+    row = await store.schedules.get("periodic:report")
+    assert row is not None and (row.last_status, row.last_error) == ("failed", "ValueError: no")
+    assert row.consecutive_errors == 0 and row.state == "active"  # (a periodic job's retries are its own)
+
+
 async def test_schedulers_of_many_processes_enqueue_each_tick_once(store: Store) -> None:
-    schedulers = [Scheduler(store, f"w{i}", [PeriodicJob("report", Schedule.every(hours=1))]) for i in range(4)]
+    schedulers = [Scheduler(store, [PeriodicJob("report", Schedule.every(hours=1))]) for i in range(4)]
     for scheduler in schedulers:
         await scheduler.register()
     for _round in range(2):  # the first tick: due at registration
@@ -65,18 +91,18 @@ async def test_schedulers_of_many_processes_enqueue_each_tick_once(store: Store)
     for _round in range(3):
         await asyncio.gather(*(scheduler.run_once() for scheduler in schedulers))
     assert len(await jobs_of(store, "report")) == 2  # the first tick, and the one made due
-    assert len(await tick_runs(store, "periodic:report")) == 2
+    assert len(await tick_jobs(store, "periodic:report")) == 2
 
 
 async def test_a_pass_that_fails_midway_writes_nothing_and_the_next_one_enqueues_the_tick(store: Store) -> None:
-    scheduler = Scheduler(store, "w1", [PeriodicJob("report", Schedule.every(minutes=5))])
+    scheduler = Scheduler(store, [PeriodicJob("report", Schedule.every(minutes=5))])
     await scheduler.register()
 
     def plan_that_breaks(due: DueTick) -> TickJob:
         raise RuntimeError("the process died while planning")
 
     with pytest.raises(RuntimeError):
-        await store.schedules.enqueue_due_ticks(scheduler.wanted, plan_that_breaks, "w1")
+        await store.schedules.enqueue_due_ticks(scheduler.wanted, plan_that_breaks)
     assert await jobs_of(store, "report") == [] and await tick_runs(store, "periodic:report") == []
     [(tick, _job)] = (await scheduler.run_once()).enqueued  # still due: nothing of the failed pass stayed
     next_run_at = scheduler.rows["periodic:report"].next_run_at
@@ -85,7 +111,7 @@ async def test_a_pass_that_fails_midway_writes_nothing_and_the_next_one_enqueues
 
 
 async def test_paused_and_completed_schedules_enqueue_nothing_and_a_trigger_enqueues_at_once(store: Store) -> None:
-    scheduler = Scheduler(store, "w1", [PeriodicJob("report", Schedule.every(hours=1)),
+    scheduler = Scheduler(store, [PeriodicJob("report", Schedule.every(hours=1)),
                                         PeriodicJob("once", Schedule.once(key="2024"))])
     await scheduler.register()
     first = await scheduler.run_once()
@@ -113,7 +139,7 @@ async def test_a_pipeline_run_enqueued_ahead_is_claimable_from_its_tick_and_wake
     pipeline = ScheduledPipeline(lambda: None, Schedule.every(seconds=5), "soon")
     tick_at = await store.database_now() + timedelta(seconds=1)
     await store.schedules.upsert(ScheduleRegistration("soon", "every", pipeline.schedule.spec, tick_at, 60, 10))
-    scheduler = Scheduler(store, "w1", [pipeline])
+    scheduler = Scheduler(store, [pipeline])
     woken = asyncio.Event()
     scheduler.on_tick = woken.set
     [(tick, job)] = (await scheduler.run_once()).enqueued

@@ -9,12 +9,8 @@ from agora_pg.job_spec import JobSpec, batch_columns
 
 def test_row_defaults_name_to_kind_and_serialises_payload() -> None:
     row = JobSpec("send_email", {"to": "a@b.c"}).as_row()
-    assert row == ("send_email", "send_email", "default", '{"to":"a@b.c"}', 0, None, None, None, None)
-
-
-def test_default_max_retries_applies_only_when_unset() -> None:
-    assert JobSpec("k").as_row(5)[6] == 5
-    assert JobSpec("k", max_retries=1).as_row(5)[6] == 1
+    # (no queue, max_retries or timeout: the statement takes the kind's declared ones, else the defaults)
+    assert row == ("send_email", "send_email", None, '{"to":"a@b.c"}', 0, None, None, None, None)
 
 
 def test_batch_columns_are_one_array_per_column_and_one_json_array_of_payloads() -> None:
@@ -23,16 +19,16 @@ def test_batch_columns_are_one_array_per_column_and_one_json_array_of_payloads()
         JobSpec("k", {"a": [1, "x"]}),
         JobSpec("k", name="n", queue="q", priority=3, run_at=when, max_retries=1, dedup_key="d", timeout_seconds=2.5),
     ]
-    names, kinds, queues, payloads, priorities, run_ats, max_retries, dedup_keys, timeouts = batch_columns(specs, 5)
-    assert (names, kinds, queues, priorities, run_ats) == ([None, "n"], ["k", "k"], ["default", "q"], [None, 3], [None, when])
-    assert (max_retries, dedup_keys, timeouts) == ([5, 1], [None, "d"], [None, 2.5])
+    names, kinds, queues, payloads, priorities, run_ats, max_retries, dedup_keys, timeouts = batch_columns(specs)
+    assert (names, kinds, queues, priorities, run_ats) == ([None, "n"], ["k", "k"], [None, "q"], [None, 3], [None, when])
+    assert (max_retries, dedup_keys, timeouts) == ([None, 1], [None, "d"], [None, 2.5])
     assert json.loads(payloads) == [{"a": [1, "x"]}, {}]
 
 
 def test_a_column_no_spec_sets_is_sent_as_null() -> None:
     # (the statement fills in the default: name = kind, priority 0, run_at now, ...)
     columns = batch_columns([JobSpec("k"), JobSpec("k2")])
-    assert columns[:4] == (None, ["k", "k2"], ["default", "default"], "[{},{}]")
+    assert columns[:4] == (None, ["k", "k2"], None, "[{},{}]")
     assert columns[4:] == (None, None, None, None, None)
 
 

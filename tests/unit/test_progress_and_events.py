@@ -57,8 +57,9 @@ def test_filters_combine() -> None:
     assert not EventFilter(kind="mail", queue="other").matches(event)
     assert not EventFilter(job_id=8).matches(event)
     assert not EventFilter(pipeline_id="p").matches(event)
-    run = Event("job.finished", {"job_id": 8, "kind": "p", "queue": "agora:pipelines"}, ("finished", 2), NOW)
-    assert EventFilter(pipeline_id="p").matches(run)  # a pipeline's run is a job of its kind
+    run = Event("job.finished", {"job_id": 8, "kind": "p", "queue": "agora:pipelines", "pipeline_id": "p"},
+                ("finished", 2), NOW)
+    assert EventFilter(pipeline_id="p").matches(run)  # a job that runs a schedule's tick names it
     assert not EventFilter(pipeline_id="mail").matches(run)
     assert not EventFilter(pipeline_id="mail").matches(event)  # a job of kind "mail" is no pipeline's
 
