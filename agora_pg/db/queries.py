@@ -91,9 +91,11 @@ FROM ROWS FROM (unnest($1::text[]), unnest($2::text[]), unnest($3::text[]), json
                 unnest($5::int[]), unnest($6::timestamptz[]), unnest($7::int[]), unnest($8::text[]),
                 unnest($9::float8[]))
      AS t(name, kind, queue, payload, priority, run_at, max_retries, dedup_key, timeout_seconds)
-LEFT JOIN LATERAL (SELECT * FROM agora.kinds WHERE kind = t.kind LIMIT 1) AS k ON true  -- (LIMIT: a nested loop,
-                                                                                     -- never a hash join, keeps the rows in order)
+LEFT JOIN LATERAL (SELECT * FROM declared WHERE declared.kind = t.kind LIMIT 1) AS k ON true  -- (LIMIT: a nested
+                                                                         -- loop, never a hash join, keeps the rows in order)
 """
+# The batch's kinds as declared, read once (a lookup in agora.kinds per row cost a batch 7 %).
+_DECLARED = "declared AS MATERIALIZED (SELECT * FROM agora.kinds WHERE kind = ANY($2::text[]))"
 
 # The same two, for jobs with a dedup_key: a live job with the same key makes a row
 # insert nothing. Only used when a key is present: ON CONFLICT makes PostgreSQL
@@ -101,9 +103,9 @@ LEFT JOIN LATERAL (SELECT * FROM agora.kinds WHERE kind = t.kind LIMIT 1) AS k O
 _ON_DEDUP_CONFLICT = f"ON CONFLICT (dedup_key) WHERE {ALIVE} DO NOTHING\n"
 
 
-def _returning_inserted(insert: str) -> str:
-    """``insert`` returning INSERTED_COLUMNS of each new row, waking the workers."""
-    return (f"WITH inserted AS ({insert} RETURNING {INSERTED_COLUMNS}, delayed),{_WAKE}\n"
+def _returning_inserted(insert: str, before: str = "") -> str:
+    """``insert`` (after the CTEs ``before``) returning INSERTED_COLUMNS of each new row, waking the workers."""
+    return (f"WITH {before}inserted AS ({insert} RETURNING {INSERTED_COLUMNS}, delayed),{_WAKE}\n"
             f"SELECT {INSERTED_COLUMNS} FROM inserted WHERE (SELECT count(*) FROM woken) >= 0")
 
 
@@ -119,13 +121,13 @@ INSERT_JOB_DEDUP = _returning_inserted(_INSERT_JOB_VALUES + _ON_DEDUP_CONFLICT)
 # the run_at of rows given none: one row of arrays decodes in a fraction of the time of
 # 5,000 rows of timestamps.
 INSERT_JOBS = f"""
-WITH inserted AS ({_INSERT_JOBS_FROM_COLUMNS} RETURNING id, queue, delayed, max_retries, timeout_seconds),{_WAKE}
+WITH {_DECLARED}, inserted AS ({_INSERT_JOBS_FROM_COLUMNS} RETURNING id, queue, delayed, max_retries, timeout_seconds),{_WAKE}
 SELECT coalesce(array_agg(id ORDER BY id), '{{}}') AS ids, array_agg(queue ORDER BY id) AS queues,
        array_agg(max_retries ORDER BY id) AS max_retries, array_agg(timeout_seconds ORDER BY id) AS timeouts,
        now() AS now, (SELECT count(*) FROM woken) AS woken
 FROM inserted
 """
-INSERT_JOBS_DEDUP = _returning_inserted(_INSERT_JOBS_FROM_COLUMNS + _ON_DEDUP_CONFLICT)
+INSERT_JOBS_DEDUP = _returning_inserted(_INSERT_JOBS_FROM_COLUMNS + _ON_DEDUP_CONFLICT, f"{_DECLARED}, ")
 
 # The live jobs holding these dedup keys.
 SELECT_ALIVE_BY_DEDUP_KEYS = f"""

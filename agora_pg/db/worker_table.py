@@ -102,10 +102,6 @@ class WorkerTable:
             total = merge([json.loads(row["tallies"]), delta]) if row is not None else delta
             await connection.execute(queries.PUBLISH_TALLIES, process_id, json.dumps(total))
 
-    async def all_tallies(self) -> list[dict[str, Any]]:
-        """Every process's snapshot, the retired sum's included."""
-        return [json.loads(row["tallies"]) for row in await self._store.fetch(queries.ALL_TALLIES)]
-
     async def retire_tallies(self, silent_seconds: float,
                              merge: Callable[[list[dict[str, Any]]], dict[str, Any]]) -> int:
         """Fold the snapshots of processes silent for ``silent_seconds`` into the retired
