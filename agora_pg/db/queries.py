@@ -476,9 +476,9 @@ SELECT id, pg_notify('agora_jobs', queue) FROM released
 # pipeline's run does, which also moves the schedule on. A failed or abandoned run
 # counts: the next run waits min(600, error_backoff_seconds * 2^(n-1)) after the n-th in a
 # row from its end (schedules.error_backoff; a lost run's wait for its lease counts) and the schedule stops at max_consecutive_errors; a success
-# resets the count and sets the next run the payload names (none: a once schedule,
+# resets the count and sets the next run the plan names (none: a once schedule,
 # completed). The next run is never earlier than the schedule's next run now: a run retried
-# by hand long after its tick (its payload's next run is stale) never moves the schedule
+# by hand long after its tick (its plan's next run is stale) never moves the schedule
 # backwards. A spec changed meanwhile (registered again) keeps the next run and state the
 # registration set; a schedule paused or stopped meanwhile keeps its state. Runs outside a
 # schedule (no spec in the plan) change no schedule. The schedulers are woken.
@@ -630,8 +630,8 @@ RETURNING {JOB_COLUMNS}
 # Take back processing jobs whose lease passed: the jobs of workers whose worker lease
 # passed, and jobs with a lease of their own that passed (up to $3 of each). Each is a lost
 # attempt (lost_count + 1), due again at once until lost_count reaches $1
-# (WORKER_MAX_LOST_ATTEMPTS), then failed for good (a pipeline's run at once: _ONE_ATTEMPT); $2 is the default max_retries;
-# $4 the lease's length (a lost run's error backoff counts from its lease's last renewal). A
+# (WORKER_MAX_LOST_ATTEMPTS), then failed for good (a pipeline's run at once: _ONE_ATTEMPT);
+# $2 is the default max_retries; $4 the lease's length (a lost run's error backoff counts from its lease's last renewal). A
 # worker's jobs are looked up per worker whose lease passed (a nested loop over
 # jobs_locked_by_idx, never a scan of every running job). The worker's row is locked too
 # (shared: rescuers do not exclude each other), so a renewal in flight is not overtaken:
