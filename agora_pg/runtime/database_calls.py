@@ -29,27 +29,29 @@ async def retry_database(
     ``DatabaseUnavailable`` (a lost connection, a call past its deadline, or a
     ``TransientDatabaseError`` such as a cancelled statement or a lock timeout) is
     retried with a doubling pause (at most 10 s), each logged as a WARNING saying
-    ``what`` is waiting. Once ``stop`` is set the waiting ends and the last error is
-    raised (a call in flight then is abandoned: ``Stopped``). Any other error is
-    raised at once: the caller records it as the failure it is.
+    ``what`` is waiting. Once ``stop`` is set the waiting ends with ``Stopped`` (caused
+    by the last error; a call in flight then is abandoned), whatever the last error was.
+    Any other error is raised at once: the caller records it as the failure it is.
     """
     pause = ErrorWait(first_wait)
     while True:
         try:
             return await call() if stop is None else await unless_stopped(call(), stop)
+        except Stopped:
+            raise
         except DatabaseUnavailable as error:
             if stop is not None and stop.is_set():
-                raise
+                raise Stopped(f"stopping ({what}: {error})") from error
             delay = pause.next()
             log.warning("%s: %s; retrying in %.1fs", what, error, delay)
             if stop is None:
                 await asyncio.sleep(delay)
             elif await wait_for_event(stop, delay):
-                raise
+                raise Stopped(f"stopping ({what}: {error})") from error
 
 
 class Stopped(DatabaseUnavailable):
-    """A database call was abandoned because its caller is stopping."""
+    """A database call was abandoned, or its retries ended, because its caller is stopping."""
 
 
 class StopSignal(asyncio.Event):
@@ -124,8 +126,8 @@ async def listen_until(
     while not stop.is_set():
         try:
             listener = await retry_database(lambda: store.listen(handlers), what=what, stop=stop, first_wait=0.5)
-        except DatabaseUnavailable:
-            return  # stopped while waiting
+        except Stopped:
+            return
         on_connected()
         stopper = asyncio.create_task(stop.wait())
         watched: list[asyncio.Future[Any]] = [stopper, listener.closed]

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+import pytest
 
 from ..conftest import Processes
 from .test_api_processes import REPO, cli, wait_ready, wait_status
@@ -42,6 +43,7 @@ async def collect(response: httpx.Response, until: Any, timeout: float = 30) -> 
     return got
 
 
+@pytest.mark.connections(20)
 async def test_events_follow_jobs_of_a_worker_process_and_replay_after_a_reconnect(
     database_url: str, processes: Processes
 ) -> None:

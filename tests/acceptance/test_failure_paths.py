@@ -151,6 +151,7 @@ async def status_is_done(url: str, job_id: int) -> bool:
 # -- a database that goes silent -----------------------------------------------------------
 
 
+@pytest.mark.connections(20)
 async def test_sigterm_stops_a_worker_whose_database_is_silent(
     database_url: str, proxy: PgProxy, processes: Processes
 ) -> None:
@@ -280,6 +281,7 @@ def _assert_never_two_at_once(intervals: list[tuple[float, float | None]]) -> No
 # -- backends terminated or cancelled, transient server errors ------------------------------
 
 
+@pytest.mark.connections(20)
 @pytest.mark.parametrize("fault", ["terminate", "cancel"])
 async def test_a_worker_keeps_draining_while_its_backends_are_killed(
     queue: Queue, database_url: str, processes: Processes, ledger_dir: Path, fault: str
@@ -359,6 +361,7 @@ async def test_transient_server_errors_are_waited_out(
 # -- handlers that misbehave --------------------------------------------------------------
 
 
+@pytest.mark.connections(20)
 async def test_an_async_handler_blocking_the_loop_keeps_its_lease_and_is_named(
     queue: Queue, database_url: str, processes: Processes, ledger_dir: Path
 ) -> None:
@@ -381,6 +384,7 @@ def _started(ledger_dir: Path, job_id: int) -> bool:
     return any(e.job_id == job_id for e in executions(ledger_dir))
 
 
+@pytest.mark.connections(28)
 async def test_a_job_that_kills_its_process_fails_alone_and_its_neighbours_keep_their_retries(
     queue: Queue, database_url: str, processes: Processes, ledger_dir: Path
 ) -> None:

@@ -10,6 +10,7 @@ from collections import defaultdict
 from datetime import datetime
 
 import asyncpg
+import pytest
 
 from agora_pg import JobSpec, Queue
 from benchmarks.rate_limit import most_in_any_window
@@ -55,6 +56,7 @@ def _holds_and_is_reached(starts: list[datetime], first: datetime, what: str) ->
     assert len(in_run) >= RATE * (SECONDS / WINDOW) - RATE - 1, (what, len(in_run))
 
 
+@pytest.mark.connections(28)
 async def test_a_rate_limit_per_key_holds_across_three_processes(
     queue: Queue, database_url: str, processes: Processes
 ) -> None:
@@ -69,6 +71,7 @@ async def test_a_rate_limit_per_key_holds_across_three_processes(
     assert charged == 0  # a job held back by the limit is charged nothing
 
 
+@pytest.mark.connections(28)
 async def test_a_queue_rate_limit_holds_across_three_processes(
     queue: Queue, database_url: str, processes: Processes
 ) -> None:

@@ -56,6 +56,7 @@ def http_get(url: str) -> tuple[int, dict[str, Any]]:
         return error.code, json.loads(error.read())
 
 
+@pytest.mark.connections(34)
 async def test_three_workers_share_one_pipeline_without_overlap(
     database_url: str, processes: Processes, events: None
 ) -> None:

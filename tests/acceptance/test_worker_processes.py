@@ -117,6 +117,7 @@ async def executions(database_url: str) -> None:
     await scalar(database_url, CREATE_EXECUTIONS)
 
 
+@pytest.mark.connections(52)
 async def test_four_worker_processes_run_5000_jobs_exactly_once(
     queue: Queue, database_url: str, processes: Processes, executions: None
 ) -> None:
@@ -140,6 +141,7 @@ async def test_four_worker_processes_run_5000_jobs_exactly_once(
 JOBS_PER_KIND = 10_000
 
 
+@pytest.mark.connections(30)
 async def test_workers_of_disjoint_kinds_share_a_queue_through_a_kill(
     queue: Queue, database_url: str, processes: Processes, executions: None
 ) -> None:

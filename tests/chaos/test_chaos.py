@@ -23,6 +23,7 @@ def _in_lanes(names: list[str]) -> list[object]:
             for index, name in enumerate(names)]
 
 
+@pytest.mark.connections(80)
 @pytest.mark.parametrize("name", _in_lanes(list(SCENARIOS)))
 async def test_scenario(name: str, database_url: str, tmp_path: Path, processes: Processes) -> None:
     setup = Setup(database_url, tmp_path, processes.started.append)

@@ -110,6 +110,7 @@ async def test_dedup_within_one_batch(queue: Queue, store: Store) -> None:
         assert await connection.fetchval("SELECT count(*) FROM agora.jobs") == 2
 
 
+@pytest.mark.connections(44)
 async def test_dedup_under_concurrent_enqueues_keeps_one_job(database_url: str, store: Store) -> None:
     queues = [Queue(Store.open(store.database)) for _ in range(8)]
     try:

@@ -24,6 +24,7 @@ async def report(job: Job, resources: Any) -> None:
     SEEN.append(job.payload)
 
 
+@pytest.mark.connections(16)
 async def test_two_pools_enqueue_one_job_per_tick_and_a_worker_runs_them(
     store: Store, queue: Queue, settings: Settings
 ) -> None:

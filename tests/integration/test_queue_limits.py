@@ -156,6 +156,7 @@ async def test_a_queue_rate_limit_counts_starts_in_its_window_and_charges_nothin
         assert await connection.fetchval("SELECT count(*) FROM agora.queue_starts") == 1
 
 
+@pytest.mark.connections(24)
 async def test_concurrent_claims_of_a_rate_limited_queue_never_overshoot(queue: Queue, store: Store) -> None:
     await store.jobs.declare_queue_limits({"sms": QueueLimit(None, (7, 60.0))})
     await queue.enqueue_many([JobSpec("k", queue="sms") for _ in range(100)])
@@ -195,6 +196,7 @@ async def test_a_job_held_back_by_a_queue_rate_limit_starts_when_its_window_open
     assert all(gap >= 1.0 for gap in gaps), gaps
 
 
+@pytest.mark.connections(24)
 async def test_workers_keep_a_limited_queue_under_its_limit_and_serve_the_others(
     queue: Queue, store: Store, settings: Settings
 ) -> None:

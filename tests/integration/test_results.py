@@ -116,6 +116,7 @@ async def test_a_result_json_cannot_hold_is_not_stored_and_the_job_still_succeed
     assert "the handler's result is not stored: it holds a NUL character" in caplog.text
 
 
+@pytest.mark.connections(16)
 async def test_wait_raises_for_a_failed_or_cancelled_job_and_returns_the_result_after_a_retry(
     queue: Queue, settings: Settings
 ) -> None:

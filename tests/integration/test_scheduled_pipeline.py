@@ -178,6 +178,7 @@ async def test_once_with_a_key_runs_once_ever_for_that_key(store: Store, setting
     assert [run["status"] for run in await runs(store, "backfill")] == ["succeeded", "succeeded"]
 
 
+@pytest.mark.connections(20)
 async def test_two_launches_of_a_once_at_the_same_moment_each_run_and_never_overlap(
     store: Store, settings: Settings
 ) -> None:

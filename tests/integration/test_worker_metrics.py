@@ -8,6 +8,7 @@ import re
 import urllib.request
 from typing import Any
 
+import pytest
 from litestar.testing import AsyncTestClient
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -66,6 +67,7 @@ def _value(text: str, series: str) -> float:
     return float(match.group(1)) if match else 0.0
 
 
+@pytest.mark.connections(20)
 async def test_the_health_servers_metrics_count_outcomes_durations_waits_and_schedule_lag(
     queue: Queue, settings: Settings
 ) -> None:

@@ -7,7 +7,8 @@ import asyncio
 
 import pytest
 
-from agora_pg.runtime.database_calls import StopSignal, Stopped, unless_stopped
+from agora_pg.errors import ConnectionLost, DatabaseUnavailable
+from agora_pg.runtime.database_calls import StopSignal, Stopped, retry_database, unless_stopped
 
 
 @pytest.fixture(params=["signal", "event"])
@@ -100,3 +101,40 @@ def test_one_signal_interrupts_every_call_waiting_on_it() -> None:
         return await asyncio.gather(*tasks, return_exceptions=True)
 
     assert all(isinstance(result, Stopped) for result in asyncio.run(main()))
+
+
+def test_retries_ended_by_the_stop_end_in_stopped_whatever_the_last_error(make_stop: type[asyncio.Event]) -> None:
+    """A caller stopped while a lost connection is retried sees ``Stopped`` (caused by
+    the lost connection), never the lost connection itself: a worker stopped while its
+    registration waits for the database stops cleanly."""
+    calls = 0
+
+    async def main() -> None:
+        stop = make_stop()
+
+        async def lost_while_stopping() -> None:
+            nonlocal calls
+            calls += 1
+            stop.set()  # the stop arrives while the call fails
+            raise ConnectionLost("the connection broke")
+
+        await retry_database(lost_while_stopping, what="registering", stop=stop, first_wait=0.01)
+
+    with pytest.raises(Stopped) as raised:
+        asyncio.run(main())
+    assert isinstance(raised.value.__cause__, ConnectionLost)
+    assert calls == 1
+
+
+def test_retries_waiting_when_the_stop_comes_end_in_stopped(make_stop: type[asyncio.Event]) -> None:
+    async def main() -> None:
+        stop = make_stop()
+
+        async def unavailable() -> None:
+            asyncio.get_running_loop().call_later(0.05, stop.set)
+            raise DatabaseUnavailable("no server")
+
+        await retry_database(unavailable, what="registering", stop=stop, first_wait=5)
+
+    with pytest.raises(Stopped, match=r"registering: no server"):
+        asyncio.run(main())
