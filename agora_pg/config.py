@@ -12,11 +12,12 @@ import dataclasses
 import json
 import re
 import tomllib
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
-from agora_pg.db.job_rows import KindLimit, QueueLimit
-from agora_pg.errors import ConfigError, InvalidSchedule
+from agora_pg.errors import ConfigError, InvalidJob, InvalidSchedule
+from agora_pg.job_spec import JobSpec, refuse_reserved_queue
+from agora_pg.limits import InvalidLimit, KindLimit, QueueLimit
 from agora_pg.schedules import Schedule
 
 FORMAT = "agora/v1"
@@ -128,54 +129,40 @@ def load_config(text: str, env: Mapping[str, str]) -> WorkerConfig:
 
 
 def _queue_limit(table: _Table, name: str) -> QueueLimit:
-    """A ``[queues.NAME]`` table: ``concurrency`` and ``rate = [starts, seconds]``, checked
-    as ``handlers.queue(...)`` checks them."""
-    if not name.strip() or not name.isprintable():
-        raise ConfigError(table.path, "expected a queue name of printable characters")
-    concurrency, rate = _concurrency(table), _rate(table)
-    if concurrency is None and rate is None:
+    """A ``[queues.NAME]`` table: ``concurrency`` and ``rate = [starts, seconds]``, as
+    ``handlers.queue(...)`` takes them."""
+    _checked(table, lambda: refuse_reserved_queue(JobSpec("kind", queue=name)))
+    limit = _checked(table, lambda: QueueLimit(table.optional("concurrency", int), table.optional("rate", list)))
+    if limit == QueueLimit():
         raise ConfigError(table.path, "expected at least one of concurrency or rate")
     table.done()
-    return QueueLimit(concurrency, rate)
-
-
-def _concurrency(table: _Table) -> int | None:
-    concurrency: int | None = table.optional("concurrency", int)
-    if concurrency is not None and concurrency < 1:
-        raise ConfigError(table.key("concurrency"), f"expected a whole number >= 1, got {concurrency}")
-    return concurrency
-
-
-def _rate(table: _Table) -> tuple[int, float] | None:
-    rate_value = table.optional("rate", list)
-    if rate_value is None:
-        return None
-    starts, seconds = rate_value if len(rate_value) == 2 else (None, None)
-    if (isinstance(starts, bool) or not isinstance(starts, int) or starts < 1 or isinstance(seconds, bool)
-            or not isinstance(seconds, int | float) or seconds <= 0):
-        raise ConfigError(table.key("rate"), f"expected [starts >= 1, seconds > 0] such as [100, 60], "
-                                             f"got {_show(rate_value)}")
-    return (starts, float(seconds))
+    return limit
 
 
 def _kind_limit(table: _Table, name: str) -> KindLimit:
     """A ``[kinds.NAME]`` table: ``concurrency``, ``limit_by``, ``rate = [starts, seconds]``
-    and ``fair_by``, checked as ``handlers.kind(...)`` checks them."""
-    if not name.strip() or not name.isprintable():
-        raise ConfigError(table.path, "expected a job kind of printable characters")
-    concurrency, rate = _concurrency(table), _rate(table)
-    fields = {}
-    for field in ("limit_by", "fair_by"):
-        value = table.optional(field, str)
-        if value is not None and not value.strip():
-            raise ConfigError(table.key(field), "expected the name of a payload field, got an empty string")
-        fields[field] = value
-    if fields["limit_by"] is not None and concurrency is None and rate is None:
-        raise ConfigError(table.key("limit_by"), "needs concurrency or rate to count by it")
-    if concurrency is None and rate is None and fields["fair_by"] is None:
+    and ``fair_by``, as ``handlers.kind(...)`` takes them."""
+    _checked(table, lambda: JobSpec(name))
+    limit = _checked(table, lambda: KindLimit(table.optional("concurrency", int), table.optional("limit_by", str),
+                                              table.optional("rate", list), table.optional("fair_by", str)))
+    if limit == KindLimit():
         raise ConfigError(table.path, "expected at least one of concurrency, rate or fair_by")
     table.done()
-    return KindLimit(concurrency, fields["limit_by"], rate, fields["fair_by"])
+    return limit
+
+
+_T = TypeVar("_T")
+
+
+def _checked(table: _Table, build: Callable[[], _T]) -> _T:
+    """``build()``: a job's rule it breaks (the table's name) as an error at the table, a
+    limit's bound (limits.py) at the limit's key."""
+    try:
+        return build()
+    except InvalidJob as error:
+        raise ConfigError(table.path, f"expected a {error.field} name: {error.problem}") from None
+    except InvalidLimit as error:
+        raise ConfigError(table.key(error.field), error.reason) from None
 
 
 def _periodic_job(table: _Table, name: str) -> PeriodicJobConfig:

@@ -34,11 +34,14 @@ class Database:
     before 1.21 keeps no prepared statement across transactions): connections keep no
     statement cache, and the Store runs each call in a transaction of its own, so that
     a statement's parse and execution reach the same server connection.
-    ``listen_url``: where LISTEN connections go, when not to ``url``."""
+    ``listen_url``: where LISTEN connections go, when not to ``url``.
+    ``idle_transaction_timeout``: seconds before the server ends a Store session left idle
+    in a transaction, and its locks (``idle_in_transaction_session_timeout``)."""
 
     url: str
     transaction_pooling: bool = False
     listen_url: str | None = None
+    idle_transaction_timeout: float = 10.0
 
     def __post_init__(self) -> None:
         for key, url in (("DATABASE_URL", self.url), ("AGORA_PG_LISTEN_DATABASE_URL", self.listen_url)):
@@ -48,8 +51,10 @@ class Database:
 
     @classmethod
     def from_settings(cls, settings: Settings, url: str) -> Database:
-        """The database at ``url`` with the settings' pooling and LISTEN choices."""
-        return cls(url, transaction_pooling=settings.transaction_pooling, listen_url=settings.listen_database_url)
+        """The database at ``url`` with the settings' pooling and LISTEN choices, and an idle
+        transaction's timeout of ``AGORA_PG_IDLE_TRANSACTION_TIMEOUT``, at most half a lease."""
+        return cls(url, transaction_pooling=settings.transaction_pooling, listen_url=settings.listen_database_url,
+                   idle_transaction_timeout=min(settings.idle_transaction_timeout, settings.lease_seconds / 2))
 
     @property
     def asyncpg_url(self) -> str:
@@ -65,6 +70,15 @@ class Database:
     def connect_options(self) -> dict[str, object]:
         """asyncpg ``connect()`` options: no statement cache through a transaction pooler."""
         return {"statement_cache_size": 0} if self.transaction_pooling else {}
+
+    @property
+    def store_connect_options(self) -> dict[str, object]:
+        """``connect_options`` of the Store's own connections (whose transactions never wait
+        on a caller, unlike a pipeline source's cursor) with the idle transaction's timeout."""
+        if self.transaction_pooling:
+            return self.connect_options
+        timeout_ms = max(1, round(self.idle_transaction_timeout * 1000))
+        return {"server_settings": {"idle_in_transaction_session_timeout": str(timeout_ms)}}
 
     @property
     def sqlalchemy_url(self) -> str:
@@ -173,7 +187,7 @@ async def resolve_database(settings: Settings | None = None) -> AsyncIterator[Da
     if settings.database_url:
         yield Database.from_settings(settings, settings.database_url)
         return
-    database = await asyncio.to_thread(embedded_database, settings.data_dir)
+    database = Database.from_settings(settings, (await asyncio.to_thread(embedded_database, settings.data_dir)).url)
     if database.url not in _announced:  # once per process
         _announced.add(database.url)
         log.info("no DATABASE_URL set; using the embedded PostgreSQL at %s", database.display_url)

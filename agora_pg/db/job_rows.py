@@ -130,24 +130,3 @@ class Promotion:
     next_in_seconds: float | None
 
 
-@dataclasses.dataclass(frozen=True)
-class QueueLimit:
-    """A queue's limits as a worker or config declares them (``agora.queue_limits``): at
-    most ``concurrency`` of its jobs running and ``rate`` = (n, seconds) starts per window,
-    of every kind together. Both None: none."""
-
-    concurrency: int | None = None
-    rate: tuple[int, float] | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class KindLimit:
-    """A kind's flow control as a worker declares it (``agora.kind_limits``): at most
-    ``concurrency`` running and ``rate`` = (n, seconds) starts per window, per value of
-    the payload field ``limit_by`` (None: the kind as a whole); its jobs taken one per
-    value of ``fair_by`` (else ``limit_by``) in turn. All None: none."""
-
-    concurrency: int | None = None
-    limit_by: str | None = None
-    rate: tuple[int, float] | None = None
-    fair_by: str | None = None

@@ -13,7 +13,7 @@ import asyncpg.pool
 from agora_pg.db import queries
 from agora_pg.db.connections import StatementRunner
 from agora_pg.db.enqueue import CallerConnection, caller_fetch, insert_jobs
-from agora_pg.db.job_rows import JobFinish, KindLimit, Promotion, QueueLimit, row_to_job
+from agora_pg.db.job_rows import JobFinish, Promotion, row_to_job
 from agora_pg.errors import (
     InvalidTransition,
     JobConflict,
@@ -21,7 +21,7 @@ from agora_pg.errors import (
 )
 from agora_pg.job_spec import JobSpec
 from agora_pg.jobs import Job, JobStatus, possible_job_id
-
+from agora_pg.limits import KindLimit, QueueLimit
 
 
 class JobTable:
@@ -96,53 +96,15 @@ class JobTable:
         self, queues: Sequence[str], limit: int, worker_id: str, lease_seconds: float, kinds: Sequence[str],
         scan: int, after_key: str | None = None,
     ) -> tuple[list[Job], str | None]:
-        """Claim up to ``limit`` due jobs of the limited ``kinds`` without overshooting any
-        kind's or key's limit, one per key of fair share in turn from the key after
-        ``after_key`` (``queries.CLAIM_LIMITED_JOBS``); ``scan`` due jobs without a key are
-        looked at, in claim order. Returns the jobs and the last key served (the next
-        claim's ``after_key``)."""
+        """Claim up to ``limit`` due jobs of ``kinds`` in ``queues`` that a limit applies to,
+        within every limit (``queries.CLAIM_LIMITED_JOBS``; ``scan``: how many of a limited
+        kind's to look at per queue). Returns them and the last key of fair share served."""
         rows = await self._store.fetch(
             queries.CLAIM_LIMITED_JOBS, list(queues), list(kinds), scan, limit, worker_id, float(lease_seconds),
             after_key,
         )
         keys = {row["fair_key"] for row in rows} - {None}
         return _in_claim_order(rows), last_key_served(keys, after_key) if keys else after_key
-
-    async def claim_from_limited_queue(
-        self, queue: str, limit: int, worker_id: str, lease_seconds: float, *, kinds: Sequence[str],
-        limited_kinds: Sequence[str] = (), scan: int = 100, after_key: str | None = None, suspects: bool = True,
-        suspect_lost: int = 1,
-    ) -> tuple[list[Job], str | None]:
-        """Claim up to ``limit`` due jobs of ``queue``, which has limits: at most its
-        concurrency less its running jobs and its rate less its starts in the window,
-        counted under a lock of its limits' row that makes the queue's claims take turns
-        (``queries.LOCK_QUEUE_LIMIT``), of ``kinds``; jobs of ``limited_kinds`` first,
-        within their own limits (as ``claim_limited``). Returns the jobs and the last key of fair share
-        served. A queue whose limits are gone is claimed as any other."""
-        lease = float(lease_seconds)
-        jobs: list[Job] = []
-        async with self._store.connection() as connection, connection.transaction():
-            limits = await connection.fetchrow(queries.LOCK_QUEUE_LIMIT, queue)
-            room = limit
-            if limits is not None:
-                counted = await connection.fetchrow(queries.QUEUE_ROOM, queue, limits["rate_seconds"])
-                if limits["concurrency"] is not None:
-                    room = min(room, limits["concurrency"] - counted["running"])
-                if limits["rate"] is not None:
-                    room = min(room, limits["rate"] - counted["started"])
-            if room > 0 and limited_kinds:
-                rows = await connection.fetch(queries.CLAIM_LIMITED_JOBS_IN_LIMITED_QUEUE, [queue], list(limited_kinds),
-                                              scan, room, worker_id, lease, after_key)
-                keys = {row["fair_key"] for row in rows} - {None}
-                after_key = last_key_served(keys, after_key) if keys else after_key
-                jobs = _in_claim_order(rows)
-            if room > len(jobs):
-                jobs += _in_claim_order(await connection.fetch(
-                    queries.CLAIM_JOBS_IN_LIMITED_QUEUE, [queue], room - len(jobs), worker_id, lease, suspects,
-                    suspect_lost, list(kinds)))
-            if jobs and limits is not None and limits["rate"] is not None:
-                await connection.execute(queries.RECORD_QUEUE_STARTS, queue, len(jobs), limits["rate_seconds"])
-        return jobs, after_key
 
     async def declare_queue_limits(self, limits: Mapping[str, QueueLimit], *, config: bool = False) -> list[str]:
         """Write the limits of these queues (``QueueLimit()``: the queue's row is removed),

@@ -59,10 +59,11 @@ woken AS (SELECT pg_notify(CASE WHEN delayed THEN 'agora_delayed' ELSE 'agora_jo
           FROM (SELECT DISTINCT queue, delayed FROM inserted) AS new_rows)"""
 
 # A job's fair_key (migration 0017): the value of its payload's field that its kind is
-# shared by (kind_limits.fair_by, else limit_by); NULL for a kind without one. The batch
+# shared by (kind_limits.fair_by, else limit_by), as agora.limit_key() stores a key (a long
+# one shortened and hashed: migration 0027); NULL for a kind without one. The batch
 # looks a row's kind up only when some kind has such a field (otherwise one InitPlan per
 # statement and nothing per row).
-_FAIR_KEY = ("(SELECT {payload} ->> COALESCE(l.fair_by, l.limit_by) FROM agora.kind_limits AS l "
+_FAIR_KEY = ("(SELECT agora.limit_key({payload} ->> COALESCE(l.fair_by, l.limit_by)) FROM agora.kind_limits AS l "
              "WHERE l.kind = {kind})")
 _SOME_KIND_KEYED = "(SELECT EXISTS (SELECT FROM agora.kind_limits WHERE COALESCE(fair_by, limit_by) IS NOT NULL))"
 
@@ -237,11 +238,10 @@ _CLAIM_UPDATE = _claim_update("$3", "$4")
 # handles are never read, however many sit at the head of a queue. Delayed jobs are not in
 # that index (PROMOTE_DUE_JOBS moves them in once due), so however many wait for later, a
 # claim reads only rows it can take.
-# A (queue, kind) with a limit is left to its own claim, whichever worker claims, even one
-# that has not read the limit yet: kinds with a concurrency or rate limit or fair share
-# (agora.kind_limits) to the limited claim below, queues with limits (agora.queue_limits)
-# to CLAIM_JOBS_IN_LIMITED_QUEUE, under the queue's lock. Both tests name only the pair,
-# not the row: PostgreSQL runs them once per pair, before any row is read.
+# A (queue, kind) with a limit is left to the limited claim below, whichever worker claims,
+# even one that has not read the limit yet: kinds with a concurrency or rate limit or fair
+# share (agora.kind_limits), and queues with limits (agora.queue_limits). Both tests name
+# only the pair, not the row: PostgreSQL runs them once per pair, before any row is read.
 _KIND_UNLIMITED = "NOT EXISTS (SELECT FROM agora.kind_limits WHERE kind = k.name)"
 _QUEUE_UNLIMITED = "NOT EXISTS (SELECT FROM agora.queue_limits WHERE queue = q.name)"
 # Jobs that lost $6 attempts or more are "suspects": one may be what kills workers, so a
@@ -269,25 +269,24 @@ WITH taken AS (
     WHERE lost_count < $6 OR id = (SELECT id FROM taken WHERE lost_count >= $6 ORDER BY priority DESC, run_at, id LIMIT 1)
 )
 {_CLAIM_UPDATE}"""
-# The same in a limited queue, whose claim holds the queue's lock (the queue test is its caller's).
-CLAIM_JOBS_IN_LIMITED_QUEUE = CLAIM_JOBS.replace(f" AND {_QUEUE_UNLIMITED}", "")
 
-# -- limited kinds -------------------------------------------------------------
+# -- flow control ----------------------------------------------------------------
 #
-# Jobs of limited kinds are claimed by agora.claim_limited_jobs (migration 0015): one
-# statement, in which a first step locks the keys of the due jobs that fit (an advisory
-# lock per kind and key, skipping keys another claim holds) and a second, with a snapshot
-# taken once those locks are held, counts each key's running jobs again and claims what
-# still fits. $1 queues (text[]), $2 the limited kinds (text[]), $3 how many due jobs to
-# look at, $4 the most to claim, $5 the worker, $6 its lease seconds (as CLAIM_JOBS's),
-# $7 the last key of fair share the worker served (migration 0017: keys are visited from
-# the next one on); each job comes with its fair_key.
-CLAIM_LIMITED_JOBS_IN_LIMITED_QUEUE = f"""
+# Jobs a limit applies to (of a limited kind, in any queue, or of any kind in a limited
+# queue) are claimed by agora.claim_limited_jobs (migration 0028): one statement that
+# never waits on a lock. A first step reads the due jobs that fit every limit (each
+# key's, each kind's, each queue's, rates included) and takes a transaction-scoped
+# advisory lock per key and per queue it would take from, skipping those another claim
+# holds; a second, at the instant those locks are held and with a snapshot taken after
+# them, counts again and claims what still fits, stamping started_at and the starts a
+# rate counts with that instant. $1 the worker's queues (text[]), $2 the kinds it handles
+# (text[]), $3 how many due jobs of a limited kind to look at per queue, $4 the most to
+# claim, $5 the worker, $6 its lease seconds (as CLAIM_JOBS's), $7 the last key of fair
+# share the worker served (keys are visited from the next one on); each job comes with
+# its fair_key.
+CLAIM_LIMITED_JOBS = f"""
 SELECT {JOB_COLUMNS}, fair_key FROM agora.claim_limited_jobs($1::text[], $2::text[], $3, $4, $5, $6, $7)
 """
-# (of the queues $1, those without limits: see _QUEUE_UNLIMITED)
-CLAIM_LIMITED_JOBS = CLAIM_LIMITED_JOBS_IN_LIMITED_QUEUE.replace(
-    "claim_limited_jobs($1::text[]", f"claim_limited_jobs(ARRAY(SELECT q.name FROM unnest($1::text[]) AS q(name) WHERE {_QUEUE_UNLIMITED})")
 
 # Declare the flow control of kinds ($1 kinds, $2 concurrency, $3 limit_by, $4 rate, $5
 # rate_seconds, $6 fair_by; NULL: none) where $7 says: 'code' (a worker, for the kinds
@@ -355,40 +354,16 @@ DELETE FROM agora.queue_limits WHERE declared_in = 'config' AND NOT queue = ANY(
 LIMITED_QUEUES = ("SELECT queue, concurrency, rate, rate_seconds FROM agora.queue_limits "
                   "WHERE $1::text[] IS NULL OR queue = ANY($1::text[]) ORDER BY queue")
 
-# A claim of limited queue $1 is a transaction: LOCK_QUEUE_LIMIT reads its limits and
-# locks its row until the claim commits (the queue's claims take turns); QUEUE_ROOM, a
-# statement of its own whose snapshot is taken once the lock is held, counts its running
-# jobs and its starts in the window of $2 seconds (NULL: no rate limit, none counted);
-# the claims of its limited kinds and of the others (CLAIM_LIMITED_JOBS_IN_LIMITED_QUEUE,
-# CLAIM_JOBS_IN_LIMITED_QUEUE) take at most what is left, and RECORD_QUEUE_STARTS counts
-# $2 starts at the transaction's time, which is the claimed jobs' started_at (so that any
-# window of their started_at holds at most the rate: the latest claim in it counted every
-# earlier one). Starts are deleted a minute after their window, so that a claim whose
-# transaction began earlier but got the lock later still counts them.
-LOCK_QUEUE_LIMIT = "SELECT concurrency, rate, rate_seconds FROM agora.queue_limits WHERE queue = $1 FOR UPDATE"
-QUEUE_ROOM = """
-SELECT (SELECT count(*) FROM agora.jobs WHERE status = 'processing' AND queue = $1)::int AS running,
-       (SELECT count(*) FROM agora.queue_starts
-        WHERE queue = $1 AND started_at > now() - make_interval(secs => $2::float8))::int AS started
-"""
-RECORD_QUEUE_STARTS = """
-WITH old AS (
-    DELETE FROM agora.queue_starts
-    WHERE queue = $1 AND started_at < now() - make_interval(secs => $3::float8) - interval '1 minute'
-)
-INSERT INTO agora.queue_starts (queue, started_at) SELECT $1, now() FROM generate_series(1, $2::int)
-"""
-
 # Give the waiting jobs of kinds $1 (text[]) the fair_key their kind's declaration asks
 # for (jobs inserted before it was declared, or under another key field). Rows are locked
 # in id order, skipping those a claim holds, so two workers starting at once never wait
 # for each other.
 KEY_WAITING_JOBS = """
 WITH keyed AS (
-    SELECT j.id, j.payload ->> COALESCE(l.fair_by, l.limit_by) AS fair_key
+    SELECT j.id, agora.limit_key(j.payload ->> COALESCE(l.fair_by, l.limit_by)) AS fair_key
     FROM agora.jobs AS j JOIN agora.kind_limits AS l ON l.kind = j.kind
     WHERE j.kind = ANY($1::text[]) AND (j.status = 'pending' OR (j.status = 'failed' AND j.retry_count < j.max_retries))
-      AND j.fair_key IS DISTINCT FROM j.payload ->> COALESCE(l.fair_by, l.limit_by)
+      AND j.fair_key IS DISTINCT FROM agora.limit_key(j.payload ->> COALESCE(l.fair_by, l.limit_by))
     ORDER BY j.id
     FOR UPDATE OF j SKIP LOCKED
 )
@@ -1391,11 +1366,9 @@ SELECT now() AS now, greatest(
 
 # Every event source reads rows stamped at or after $1, after the key ($6 time, $7 id)
 # of the page before, at most $8, matching the filters $2 job id, $3 kind, $4 queue and
-# $5 pipeline id (NULL: any), in (time, id) order, with the columns of EVENT_COLUMNS.
-EVENT_COLUMNS = (
-    "t", "key_id", "job_id", "run_id", "pipeline_id", "kind", "queue", "job_status", "attempt",
-    "outcome", "error", "retry_at", "worker_id", "scheduled_for", "progress",
-)
+# $5 pipeline id (NULL: any), in (time, id) order, with the columns t, key_id, job_id,
+# run_id, pipeline_id, kind, queue, job_status, attempt, outcome, error, retry_at,
+# worker_id, scheduled_for, progress.
 _JOB_FILTERS = ("($2::bigint IS NULL OR j.id = $2) AND ($3::text IS NULL OR j.kind = $3) "
                 "AND ($4::text IS NULL OR j.queue = $4) "
                 "AND ($5::text IS NULL OR j.schedule_id = $5)")

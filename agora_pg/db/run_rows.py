@@ -8,7 +8,8 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from agora_pg.db.job_rows import QueueLimit, UnhandledJobs
+from agora_pg.db.job_rows import UnhandledJobs
+from agora_pg.limits import QueueLimit
 
 
 @dataclasses.dataclass(frozen=True)

@@ -73,7 +73,7 @@ class Store:
         self.timeout = timeout
         # Statements of the Store run on its own connections; a borrowed engine's pool
         # is used only when the caller gave one (it may limit connections on purpose).
-        self._own = (ConnectionPool(database.asyncpg_url, 2 * pool_size, timeout, database.connect_options)
+        self._own = (ConnectionPool(database.asyncpg_url, 2 * pool_size, timeout, database.store_connect_options)
                      if owns_engine else None)
         self._identity: tuple[object, ...] | None = None
         self.jobs = JobTable(self)

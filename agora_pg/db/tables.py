@@ -244,6 +244,9 @@ kind_limits = Table(
     Column("declared_in", Text, nullable=False, server_default=text("'code'"), comment="Where the limits were declared: 'code' (handlers.kind) or 'config' (an agora/v1 [kinds.NAME] table, which a code declaration leaves alone)."),
     CheckConstraint("fair_by IS NULL OR fair_by <> ''", name="kind_limits_fair_by_not_empty"),
     CheckConstraint("declared_in IN ('code', 'config')", name="kind_limits_declared_in_known"),
+    CheckConstraint("(concurrency IS NULL OR concurrency <= 1000000) AND (rate IS NULL OR (rate <= 1000000 AND "
+                    "rate_seconds BETWEEN 0.001 AND 86400)) AND (limit_by IS NULL OR length(limit_by) <= 200) "
+                    "AND (fair_by IS NULL OR length(fair_by) <= 200)", name="kind_limits_within_bounds"),
     comment="Flow control of job kinds (concurrency and rate limits, fair share), declared by the workers that handle them or by an agora/v1 config.",
 )
 
@@ -290,6 +293,8 @@ queue_limits = Table(
                     name="queue_limits_rate_positive"),
     CheckConstraint("concurrency IS NOT NULL OR rate IS NOT NULL", name="queue_limits_some_limit"),
     CheckConstraint("declared_in IN ('code', 'config')", name="queue_limits_declared_in_known"),
+    CheckConstraint("(concurrency IS NULL OR concurrency <= 1000000) AND (rate IS NULL OR (rate <= 1000000 AND "
+                    "rate_seconds BETWEEN 0.001 AND 86400)) AND length(queue) <= 100", name="queue_limits_within_bounds"),
     comment="Concurrency and rate limits of queues, declared by the workers that claim them or by an agora/v1 "
             "config.",
 )
@@ -299,7 +304,8 @@ queue_starts = Table(
     metadata,
     Column("queue", Text, nullable=False, comment="The rate-limited queue."),
     Column("started_at", DateTime(timezone=True), nullable=False,
-           comment="When the claim started the job (the database's clock once the queue's lock was held)."),
+           comment="When the claim started the job: the database's clock once the claim held its locks, the "
+                   "instant its counts used."),
     comment="Starts of rate-limited queues' jobs within their window (older ones are deleted by the claims).",
 )
 Index("queue_starts_queue_idx", queue_starts.c.queue, queue_starts.c.started_at)

@@ -19,10 +19,10 @@ from typing import Any
 
 from agora_pg.db import queries
 from agora_pg.db.connect import resolve_database
-from agora_pg.db.job_rows import KindLimit, QueueLimit
 from agora_pg.db.store import Store
 from agora_pg.errors import AgoraError, DatabaseUnavailable, HandlerThreadStuck
 from agora_pg.lifecycle import shutdown_signals, wait_tasks_or_event
+from agora_pg.limits import KindLimit, QueueLimit
 from agora_pg.outcomes import describe_error
 from agora_pg.runner.health import DEFAULT_HOST, HealthServer
 from agora_pg.runner.periodic_job import PeriodicJob

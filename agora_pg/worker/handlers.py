@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
-from agora_pg.db.job_rows import DeclaredKind, QueueLimit
-from agora_pg.errors import AgoraError
+from agora_pg.db.job_rows import DeclaredKind
+from agora_pg.errors import AgoraError, InvalidJob
 from agora_pg.job_spec import JobSpec, refuse_reserved_queue
 from agora_pg.jobs import Job
+from agora_pg.limits import InvalidLimit, KindLimit, QueueLimit
 from agora_pg.payloads import check_payload, is_payload_type
 
 Handler = Callable[[Job, Any], Awaitable[Any] | Any]
@@ -23,14 +25,6 @@ class UnknownJobKind(AgoraError):
     def __init__(self, kind: str) -> None:
         super().__init__(f"no handler registered for kind {kind!r} on this worker")
         self.kind = kind
-
-
-def check_rate(rate: object, what: str) -> None:
-    """Refuse a rate limit that is not ``(starts >= 1, seconds > 0)``."""
-    if not (isinstance(rate, tuple) and len(rate) == 2 and isinstance(rate[0], int)
-            and not isinstance(rate[0], bool) and rate[0] >= 1 and isinstance(rate[1], int | float)
-            and not isinstance(rate[1], bool) and rate[1] > 0):
-        raise ValueError(f"{what} must be (starts >= 1, seconds > 0), such as (100, 60), got {rate!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,18 +73,11 @@ class KindOptions:
             refuse_reserved_queue(JobSpec("kind", queue=self.queue))  # the queue's rules are a public job's
         if self.payload is not None and not is_payload_type(self.payload):
             raise TypeError(f"payload must be a dataclass or a msgspec.Struct class, got {self.payload!r}")
-        if self.concurrency is not None and (isinstance(self.concurrency, bool)
-                                             or not isinstance(self.concurrency, int) or self.concurrency < 1):
-            raise ValueError(f"concurrency must be a whole number >= 1, got {self.concurrency!r}")
-        if self.limit_by is not None:
-            if not isinstance(self.limit_by, str) or not self.limit_by.strip():
-                raise ValueError(f"limit_by must be the name of a payload field, got {self.limit_by!r}")
-            if self.concurrency is None and self.rate is None:
-                raise ValueError(f"limit_by={self.limit_by!r} needs a concurrency or rate limit to count by it")
-        if self.fair_by is not None and (not isinstance(self.fair_by, str) or not self.fair_by.strip()):
-            raise ValueError(f"fair_by must be the name of a payload field, got {self.fair_by!r}")
-        if self.rate is not None:
-            check_rate(self.rate, "rate")
+        self.limit()  # (InvalidLimit, naming the option, if out of bounds)
+
+    def limit(self) -> KindLimit:
+        """The flow control of this kind (``KindLimit()``: none)."""
+        return KindLimit(self.concurrency, self.limit_by, self.rate, self.fair_by)
 
     def declared(self) -> DeclaredKind:
         """What a worker declares of this kind in ``agora.kinds``."""
@@ -175,14 +162,14 @@ class Handlers(Mapping[str, Handler]):
         fair_by: str | None = None,
     ) -> None:
         """Register ``handler`` for ``name`` (as ``kind`` does, without decorating)."""
-        if not isinstance(name, str) or not name.strip():
-            raise ValueError("a kind must be a non-empty string")
+        with _about("kind", name):
+            JobSpec(name)  # (a kind's rules are a public job's)
+            options = KindOptions(timeout, tuple(non_retryable), max_retries, retry_backoff, queue, payload,
+                                  concurrency, limit_by, rate, fair_by)
         if not callable(handler):
             raise TypeError(f"the handler of {name!r} must be callable, got {type(handler).__name__}")
         if name in self._handlers:
             raise ValueError(f"kind {name!r} is registered twice")
-        options = KindOptions(timeout, tuple(non_retryable), max_retries, retry_backoff, queue, payload,
-                              concurrency, limit_by, rate, fair_by)
         self._handlers[name] = handler
         self._options[name] = options
 
@@ -192,15 +179,9 @@ class Handlers(Mapping[str, Handler]):
         them starting in any ``seconds`` (the database's clock). Neither: its limits are
         removed. A worker with this table declares them when it starts; an agora/v1
         config's ``[queues.NAME]`` wins over it."""
-        if not isinstance(name, str) or not name.strip() or not name.isprintable():
-            raise ValueError(f"a queue must be a non-empty string of printable characters, got {name!r}")
-        if concurrency is not None and (isinstance(concurrency, bool) or not isinstance(concurrency, int)
-                                        or concurrency < 1):
-            raise ValueError(f"the concurrency of queue {name!r} must be a whole number >= 1, got {concurrency!r}")
-        if rate is not None:
-            check_rate(rate, f"the rate of queue {name!r}")
-            rate = (rate[0], float(rate[1]))
-        self._queue_limits[name] = QueueLimit(concurrency, rate)
+        with _about("queue", name):
+            refuse_reserved_queue(JobSpec("kind", queue=name))  # (a queue's rules are a public job's)
+            self._queue_limits[name] = QueueLimit(concurrency, rate)
 
     def queue_limits(self) -> dict[str, QueueLimit]:
         """The queues' limits declared with ``queue`` (``QueueLimit()``: to be removed)."""
@@ -235,3 +216,16 @@ def handler_name(handler: Handler) -> str:
     module = getattr(handler, "__module__", None) or "?"
     name = getattr(handler, "__qualname__", None) or type(handler).__name__
     return f"{module}.{name}"
+
+
+@contextlib.contextmanager
+def _about(what: str, name: object) -> Iterator[None]:
+    """A job's rule (``InvalidJob``) or a limit's bound (``InvalidLimit``) broken in the
+    block, as an error naming the kind or queue (its repr cut short past 80 characters)."""
+    shown = repr(name[:60] + "…") if isinstance(name, str) and len(name) > 80 else repr(name)
+    try:
+        yield
+    except InvalidJob as error:
+        raise InvalidJob(error.field, f"{error.problem} ({what} {shown})") from None
+    except InvalidLimit as error:
+        raise InvalidLimit(error.field, f"{error.reason} ({what} {shown})") from None

@@ -23,11 +23,11 @@ from typing import Any, TypeVar
 
 from agora_pg.db import queries
 from agora_pg.db.connect import resolve_database
-from agora_pg.db.job_rows import KindLimit, QueueLimit
 from agora_pg.db.store import NOTIFY_CHANNEL, Store
 from agora_pg.errors import DatabaseUnavailable, HandlerThreadStuck
 from agora_pg.jobs import Job
 from agora_pg.lifecycle import shutdown_signals, wait_for_event, wait_tasks_or_event
+from agora_pg.limits import KindLimit, QueueLimit
 from agora_pg.logs import Repeated
 from agora_pg.outcomes import Outcome, StopReason, thread_left_running
 from agora_pg.runtime.database_calls import StopSignal, Stopped, listen_until, retry_database, unless_stopped
@@ -218,8 +218,7 @@ class _WorkerRun:
         self.limited_queues: tuple[str, ...] = ()  # of its queues, those with limits
         self.rated_queues: tuple[str, ...] = ()  # and of those, the ones with a rate limit
         # the flow control its handlers declare (every kind it handles: one without any has its row removed)
-        self.code_limits = {kind: KindLimit(options.concurrency, options.limit_by, options.rate, options.fair_by)
-                            for kind, options in worker.kind_options.items()}
+        self.code_limits = {kind: options.limit() for kind, options in worker.kind_options.items()}
 
     async def serve(self) -> None:
         worker, settings = self.worker, self.settings
@@ -322,39 +321,29 @@ class _WorkerRun:
             await wait_for_event(worker._wakeup, settings.poll_seconds)
 
     async def _claim(self, limit: int) -> list[Job]:
-        """Up to ``limit`` due jobs: first of this worker's limited queues (each under its
-        limit), then of its limited kinds (within their limits), then of any other kind it
-        handles. A step that fails after another claimed jobs ends the claim: those run."""
+        """Up to ``limit`` due jobs: first those a limit applies to (of its limited kinds,
+        and any in its limited queues: one statement keeps every limit), then of any other
+        kind it handles in its other queues. A step that fails after another claimed jobs
+        ends the claim: those run."""
         worker, settings = self.worker, self.settings
         if time.monotonic() - self.limits_read_at >= LIMITS_REFRESH_SECONDS:
             await self._unless_stopping(self._read_limits())  # (a stop does not wait for it)
         jobs: list[Job] = []
-        scan = max(LIMITED_SCAN, LIMITED_SCAN_PER_SLOT * limit)
         unlimited = self._unlimited_queues()
 
-        def suspects() -> bool:  # (one suspect at most: none once one runs here or an earlier step took one)
-            return not self.suspects_running and not any(job.lost_count >= self.suspect_lost for job in jobs)
-
         steps: list[Callable[[int], Coroutine[Any, Any, list[Job]]]] = []
-        for queue in self.limited_queues:  # (each on its own, under its lock)
-            async def of_limited_queue(room: int, queue: str = queue) -> list[Job]:
-                claimed, self.fair_cursor = await self.store.jobs.claim_from_limited_queue(
-                    queue, room, worker.id, settings.lease_seconds, kinds=self.known_kinds,
-                    limited_kinds=self.limited_kinds, scan=scan,
-                    after_key=self.fair_cursor, suspects=suspects(), suspect_lost=self.suspect_lost)
-                return claimed
-            steps.append(of_limited_queue)
-        if self.limited_kinds and unlimited:
-            async def of_limited_kinds(room: int) -> list[Job]:
+        if self.limited_kinds or self.limited_queues:
+            async def of_limits(room: int) -> list[Job]:
                 claimed, self.fair_cursor = await self.store.jobs.claim_limited(
-                    unlimited, room, worker.id, settings.lease_seconds, self.limited_kinds, scan=scan,
-                    after_key=self.fair_cursor)
+                    settings.queues, room, worker.id, settings.lease_seconds, self.known_kinds,
+                    scan=max(LIMITED_SCAN, LIMITED_SCAN_PER_SLOT * room), after_key=self.fair_cursor)
                 return claimed
-            steps.append(of_limited_kinds)
+            steps.append(of_limits)
         if unlimited:
             steps.append(lambda room: self.store.jobs.claim(
                 unlimited, room, worker.id, settings.lease_seconds, kinds=self.known_kinds,
-                suspects=suspects(), suspect_lost=self.suspect_lost))
+                suspects=not self.suspects_running and not any(job.lost_count >= self.suspect_lost for job in jobs),
+                suspect_lost=self.suspect_lost))
         for step in steps:
             if len(jobs) >= limit:
                 break

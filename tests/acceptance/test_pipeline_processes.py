@@ -59,7 +59,8 @@ def test_a_wrong_config_fails_before_anything_runs(database_url: str, tmp_path: 
     forged = run_cli("worker", "--config", str(config), env=worker_env(database_url))
     assert forged.returncode == 2 and "\x1b" not in forged.stderr, forged
     assert forged.stderr.strip().splitlines()[-1] == (
-        "agora-pg: kinds.mail\\x1b[2J: expected a job kind of printable characters")
+        "agora-pg: kinds.mail\\x1b[2J: expected a kind name: must not contain control or bidi characters, "
+        "got 'mail\\\\x1b[2J'")
 
 
 def _csv_config(tmp_path: Path, database_url: str, rows: int) -> Path:

@@ -221,7 +221,7 @@ fair_by = "tenant"
 
 
 def test_kinds_tables_declare_flow_control() -> None:
-    from agora_pg.db.job_rows import KindLimit
+    from agora_pg.limits import KindLimit
     from agora_pg.runner.assembly import build_worker_pool
 
     config = load_config(KINDS, {})
@@ -235,17 +235,26 @@ def test_kinds_tables_declare_flow_control() -> None:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        (("concurrency = 2", "concurrency = 0"), "kinds.send_report.concurrency: expected a whole number >= 1, got 0"),
+        (("concurrency = 2", "concurrency = 0"), "kinds.send_report.concurrency: expected a whole number from 1 to 1,000,000, got 0"),
         (("concurrency = 2", 'concurrency = "2"'), 'kinds.send_report.concurrency: expected a whole number, got "2"'),
-        (("rate = [100, 60]", "rate = [100]"), "kinds.send_report.rate: expected [starts >= 1, seconds > 0]"),
-        (("rate = [100, 60]", "rate = [0, 60]"), "kinds.send_report.rate: expected [starts >= 1, seconds > 0]"),
-        (("rate = [100, 60]", "rate = [100, -1]"), "kinds.send_report.rate: expected [starts >= 1, seconds > 0]"),
+        (("rate = [100, 60]", "rate = [100]"), "kinds.send_report.rate: expected (starts, seconds) with starts a whole number from 1 to 1,000,000 and seconds from 0.001 to 86,400"),
+        (("rate = [100, 60]", "rate = [0, 60]"), "kinds.send_report.rate: expected (starts, seconds) with starts a whole number from 1 to 1,000,000 and seconds from 0.001 to 86,400"),
+        (("rate = [100, 60]", "rate = [100, -1]"), "kinds.send_report.rate: expected (starts, seconds) with starts a whole number from 1 to 1,000,000 and seconds from 0.001 to 86,400"),
         (("rate = [100, 60]", 'rate = "100/min"'), 'kinds.send_report.rate: expected an array, got "100/min"'),
         (('fair_by = "tenant"', 'fair_by = ""'), "kinds.ping.fair_by: expected the name of a payload field"),
-        (('fair_by = "tenant"', 'limit_by = "tenant"'), "kinds.ping.limit_by: needs concurrency or rate"),
+        (('fair_by = "tenant"', 'limit_by = "tenant"'), "kinds.ping.limit_by: 'tenant' needs a concurrency or rate limit"),
         (('fair_by = "tenant"', ''), "kinds.ping: expected at least one of concurrency, rate or fair_by"),
         (('fair_by = "tenant"', 'fair_by = "tenant"\nweight = 2'), "kinds.ping.weight: unknown key"),
-        (("[kinds.ping]", '[kinds."ping\\u001b[2J"]'), 'kinds.ping\x1b[2J: expected a job kind of printable characters'),
+        (("[kinds.ping]", '[kinds."ping\\u001b[2J"]'), 'kinds.ping\x1b[2J: expected a kind name: must not contain control'),
+        (("[kinds.ping]", f'[kinds.{"p" * 1001}]'), f'kinds.{"p" * 1001}: expected a kind name: longer than 1000'),
+        (("concurrency = 2", "concurrency = 2147483648"),
+         "kinds.send_report.concurrency: expected a whole number from 1 to 1,000,000, got 2147483648"),
+        (("rate = [100, 60]", "rate = [1, nan]"), "kinds.send_report.rate: expected (starts, seconds)"),
+        (("rate = [100, 60]", "rate = [1, inf]"), "kinds.send_report.rate: expected (starts, seconds)"),
+        (("rate = [100, 60]", "rate = [1, 1e300]"), "kinds.send_report.rate: expected (starts, seconds)"),
+        (("rate = [100, 60]", "rate = [1, 1e12]"), "kinds.send_report.rate: expected (starts, seconds)"),
+        (("rate = [100, 60]", "rate = [2147483648, 60]"), "kinds.send_report.rate: expected (starts, seconds)"),
+        (('limit_by = "customer"', f'limit_by = "{"c" * 201}"'), "kinds.send_report.limit_by: expected the name of"),
     ],
 )
 def test_a_wrong_kinds_table_names_the_key_path(change: tuple[str, str], message: str) -> None:
@@ -268,7 +277,7 @@ rate = [10, 1]
 
 
 def test_queues_tables_declare_concurrency_limits() -> None:
-    from agora_pg.db.job_rows import QueueLimit
+    from agora_pg.limits import QueueLimit
     from agora_pg.runner.assembly import build_worker_pool
 
     config = load_config(QUEUES, {})
@@ -282,13 +291,19 @@ def test_queues_tables_declare_concurrency_limits() -> None:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        (("concurrency = 5", "concurrency = 0"), "queues.mail.concurrency: expected a whole number >= 1, got 0"),
+        (("concurrency = 5", "concurrency = 0"), "queues.mail.concurrency: expected a whole number from 1 to 1,000,000, got 0"),
         (("concurrency = 5", 'concurrency = "5"'), 'queues.mail.concurrency: expected a whole number, got "5"'),
         (("concurrency = 5", ""), "queues.mail: expected at least one of concurrency or rate"),
-        (("rate = [10, 1]", "rate = [10]"), "queues.sms.rate: expected [starts >= 1, seconds > 0]"),
-        (("rate = [10, 1]", "rate = [10, 0]"), "queues.sms.rate: expected [starts >= 1, seconds > 0]"),
+        (("rate = [10, 1]", "rate = [10]"), "queues.sms.rate: expected (starts, seconds) with starts a whole number from 1 to 1,000,000 and seconds from 0.001 to 86,400"),
+        (("rate = [10, 1]", "rate = [10, 0]"), "queues.sms.rate: expected (starts, seconds) with starts a whole number from 1 to 1,000,000 and seconds from 0.001 to 86,400"),
         (("concurrency = 5", "concurrency = 5\nlimit_by = \"x\""), "queues.mail.limit_by: unknown key"),
-        (("[queues.mail]", '[queues."mail\\u001b[2J"]'), "queues.mail\x1b[2J: expected a queue name of printable"),
+        (("[queues.mail]", '[queues."mail\\u001b[2J"]'), "queues.mail\x1b[2J: expected a queue name: must not contain"),
+        (("[queues.mail]", f'[queues.{"m" * 10_000}]'), f"queues.{'m' * 10_000}: expected a queue name: longer than 100"),
+        (("[queues.mail]", '[queues."agora:pipelines"]'), "queues.agora:pipelines: expected a queue name: queue names "
+                                                          "beginning 'agora:' are agora-pg's own"),
+        (("rate = [10, 1]", "rate = [1, nan]"), "queues.sms.rate: expected (starts, seconds)"),
+        (("rate = [10, 1]", "rate = [1, inf]"), "queues.sms.rate: expected (starts, seconds)"),
+        (("concurrency = 5", "concurrency = 2147483648"), "queues.mail.concurrency: expected a whole number from 1"),
     ],
 )
 def test_a_wrong_queues_table_names_the_key_path(change: tuple[str, str], message: str) -> None:

@@ -10,7 +10,7 @@ from agora_pg.errors import ConfigError
 
 PURE_MODULES = [
     "agora_pg.jobs", "agora_pg.retry", "agora_pg.settings", "agora_pg.job_spec", "agora_pg.errors", "agora_pg.schedules",
-    "agora_pg.config", "agora_pg.families", "agora_pg.outcomes", "agora_pg.payloads",
+    "agora_pg.config", "agora_pg.families", "agora_pg.outcomes", "agora_pg.payloads", "agora_pg.limits",
     "agora_pg.commands.tables",
 ]
 

@@ -19,11 +19,10 @@ Create Date: 2026-12-06
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import sqlalchemy as sa
 from alembic import op
+
+from agora_pg.migrations.earlier import migration
 
 revision = "0016"
 down_revision = "0015"
@@ -178,11 +177,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    spec = importlib.util.spec_from_file_location("migration_0015", Path(__file__).with_name("0015_kind_limits.py"))
-    assert spec is not None and spec.loader is not None
-    previous = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(previous)
-    op.execute(previous.CLAIM_LIMITED_JOBS.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1))
+    op.execute(migration("0015_kind_limits").CLAIM_LIMITED_JOBS.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1))
     op.execute("DROP FUNCTION agora.limit_room(text[])")
     op.drop_table("kind_starts", schema="agora")
     op.execute("DELETE FROM agora.kind_limits WHERE concurrency IS NULL")

@@ -22,12 +22,10 @@ Create Date: 2026-12-06
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-from types import ModuleType
-
 import sqlalchemy as sa
 from alembic import op
+
+from agora_pg.migrations.earlier import migration
 
 revision = "0017"
 down_revision = "0016"
@@ -184,15 +182,6 @@ $$
 _CLAIMABLE = "(status = 'pending' OR (status = 'failed' AND retry_count < max_retries))"
 
 
-def _migration(name: str) -> ModuleType:
-    """An earlier migration's module (its statements), loaded from its file."""
-    spec = importlib.util.spec_from_file_location(f"migration_{name}", Path(__file__).with_name(f"{name}.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def upgrade() -> None:
     op.add_column("kind_limits", sa.Column(
         "fair_by", sa.Text(), nullable=True,
@@ -219,7 +208,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.execute("DROP FUNCTION agora.claim_limited_jobs(text[], text[], integer, integer, text, double precision, text)")
-    op.execute(_migration("0016_rate_limits").CLAIM_LIMITED_JOBS.replace("CREATE OR REPLACE FUNCTION", "CREATE FUNCTION", 1))
+    op.execute(migration("0016_rate_limits").CLAIM_LIMITED_JOBS.replace("CREATE OR REPLACE FUNCTION", "CREATE FUNCTION", 1))
     op.drop_index("jobs_fair_idx", table_name="jobs", schema="agora")
     op.drop_column("jobs", "fair_key", schema="agora")
     op.execute("DELETE FROM agora.kind_limits WHERE concurrency IS NULL AND rate IS NULL")
