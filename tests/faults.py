@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 
@@ -73,6 +74,9 @@ class PgProxy:
       is dropped and the client's connection closed (asyncpg sends a statement's text
       when a connection first prepares it, so the proxy also cuts every open connection
       to make the client prepare it again).
+    - ``hold_reply_to(marker)``: the same, but instead of dropping the reply the proxy then
+      passes nothing on that connection, either way, until ``release()``: its client is
+      cut off in the middle of the statement, which the server ran to its end.
     """
 
     def __init__(self, target_host: str, target_port: int) -> None:
@@ -85,6 +89,9 @@ class PgProxy:
         self._released: asyncio.Event | None = None
         self._connections: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
         self._lose_marker: bytes | None = None
+        self._hold_marker: bytes | None = None
+        self.replies_held = 0
+        self.held_pids: list[int] = []  # the server processes (backends) of the connections held
         self.replies_lost = 0
         self._server: asyncio.Server | None = None
 
@@ -116,7 +123,11 @@ class PgProxy:
         self._call(lambda: self._released.clear())  # type: ignore[union-attr]
 
     def release(self) -> None:
-        self._call(lambda: self._released.set())  # type: ignore[union-attr]
+        def run() -> None:
+            self._released.set()  # type: ignore[union-attr]
+            self._held_released.set()  # type: ignore[union-attr]
+
+        self._call(run)
 
     def cut(self) -> None:
         self._call(self._cut)
@@ -124,6 +135,13 @@ class PgProxy:
     def lose_reply_to(self, marker: bytes) -> None:
         def arm() -> None:
             self._lose_marker = marker
+            self._cut()
+
+        self._call(arm)
+
+    def hold_reply_to(self, marker: bytes) -> None:
+        def arm() -> None:
+            self._hold_marker = marker
             self._cut()
 
         self._call(arm)
@@ -146,6 +164,7 @@ class PgProxy:
         asyncio.set_event_loop(self._loop)
         self._released = asyncio.Event()
         self._released.set()
+        self._held_released = asyncio.Event()
         self._server = self._loop.run_until_complete(asyncio.start_server(self._accept, "127.0.0.1", self.port))
         self._ready.set()
         self._loop.run_forever()
@@ -178,7 +197,7 @@ class PgProxy:
             return
         pair = (client_writer, server_writer)
         self._connections.add(pair)
-        state = {"armed": False, "losing": False}
+        state: dict[str, Any] = {"armed": False, "losing": False}
         await asyncio.gather(
             self._pump(client_reader, server_writer, pair, state, upstream=True),
             self._pump(server_reader, client_writer, pair, state, upstream=False),
@@ -190,7 +209,7 @@ class PgProxy:
 
     async def _pump(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-        pair: tuple[asyncio.StreamWriter, asyncio.StreamWriter], state: dict[str, bool], *, upstream: bool,
+        pair: tuple[asyncio.StreamWriter, asyncio.StreamWriter], state: dict[str, Any], *, upstream: bool,
     ) -> None:
         assert self._released is not None
         while True:
@@ -199,6 +218,22 @@ class PgProxy:
                 writer.transport.abort()
                 return
             await self._released.wait()
+            if state.get("held"):
+                await self._held_released.wait()  # type: ignore[union-attr]
+            if upstream and self._hold_marker is not None and self._hold_marker in data:
+                self._hold_marker = None  # (as for a lost reply: the next message executes it)
+                state["hold_armed"] = True
+            elif upstream and state.get("hold_armed"):
+                state["hold_armed"] = False
+                writer.write(data)  # the server runs the statement; from now on nothing passes
+                await writer.drain()
+                state["held"] = True
+                self.replies_held += 1
+                if state.get("pid"):
+                    self.held_pids.append(int(state["pid"]))
+                continue
+            if not upstream and "pid" not in state and (at := data.find(b"K\x00\x00\x00\x0c")) >= 0:
+                state["pid"] = int.from_bytes(data[at + 5:at + 9], "big")  # (BackendKeyData: the backend's pid)
             if upstream and self._lose_marker is not None and self._lose_marker in data:
                 # the statement's text: asyncpg prepares it (Parse), then executes it in
                 # the next message; the reply to that execution is the one lost

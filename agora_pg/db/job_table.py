@@ -216,6 +216,10 @@ class JobTable:
                                        float(lease_seconds))
         return [row["id"] for row in rows]
 
+    async def cancel_requested(self, job_ids: Sequence[int]) -> set[int]:
+        """Those of ``job_ids`` whose cancel was asked for."""
+        return {row["id"] for row in await self._store.fetch(queries.CANCEL_REQUESTED, list(job_ids))}
+
     async def report_progress(self, worker_id: str, reports: Sequence[tuple[int, int, str]]) -> None:
         """Store and publish the latest progress (JSON) of attempts ``(job_id, attempt)`` this
         worker still holds (``queries.REPORT_JOB_PROGRESS``)."""

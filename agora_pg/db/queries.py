@@ -855,6 +855,9 @@ FROM (
 
 # The channel a cancel of a running job is announced on (payload: the job id).
 CANCEL_CHANNEL = "agora_cancel"
+# Of the jobs $1 (bigint[]), those whose cancel was asked for (a worker that missed the
+# notifications while its LISTEN connection was down).
+CANCEL_REQUESTED = "SELECT id FROM agora.jobs WHERE id = ANY($1::bigint[]) AND cancel_requested_at IS NOT NULL"
 CANCEL_JOB = CANCEL_JOB.replace("{cancel_channel}", CANCEL_CHANNEL)
 
 # Worker w (agora.workers AS w) holds a running job (through jobs_locked_by_idx).

@@ -550,9 +550,21 @@ class _WorkerRun:
                 "process (the only way to end the thread)")
 
     def _look_again(self) -> None:
-        """(Re)connected to LISTEN: notifications sent meanwhile are lost, so look at the tables."""
+        """(Re)connected to LISTEN: notifications sent meanwhile are lost, so look at the tables
+        (new jobs, delayed ones, and cancels of the jobs running here)."""
         self.worker._wakeup.set()
         self.delayed_inserted.set()
+        if self.running:
+            self._start_side(self._look_for_cancels([attempt.job.id for attempt in self.running]), "cancel check")
+
+    async def _look_for_cancels(self, job_ids: list[int]) -> None:
+        try:
+            cancelled = await self.store.jobs.cancel_requested(job_ids)
+        except DatabaseUnavailable as error:  # (the next lease renewal carries them)
+            log.warning("looking for cancels of running jobs: %s", error)
+            return
+        for job_id in cancelled:
+            self._on_cancel(str(job_id))
 
     def _on_enqueue(self, queue: str) -> None:
         if queue in self.settings.queues:

@@ -28,6 +28,7 @@ from agora_pg.db import migrate
 from agora_pg.db.connect import Database
 from agora_pg.db.store import Store
 from agora_pg.job_spec import JobSpec
+from agora_pg.limits import QueueLimit
 from tests.faults import PgBouncer, PgProxy, PrivateServer, free_port
 
 from .harness import (
@@ -627,6 +628,106 @@ async def lost_reply(setup: Setup, size: Size) -> Result:
     return result
 
 
+FROZEN_QUEUE_CONCURRENCY = 12  # the "default" queue's limits in frozen_claimer (config-declared)
+FROZEN_QUEUE_RATE = 300  # starts per second: above the flow, so the limits, not the flow, are tested by bursts
+
+
+async def frozen_claimer(setup: Setup, size: Size) -> Result:
+    """5 workers drain the flow through a queue limited to 12 running jobs and 300 starts a
+    second; two reach the server through proxies. During the fault one is cut off in the
+    middle of a claim (its proxy passes the claim's statement, which the server runs, then
+    nothing more on that connection) and the other is cut off the same way and then stopped
+    with SIGSTOP; pg_stat_activity shows both backends have run the claim. So they stay for
+    the fault (3 minutes at full size); then the stopped one is killed and the other let
+    through. The three others keep the queue draining: a claim never waits for a lock,
+    and no run interval of agora.runs ever overlaps more than the limit."""
+    host, port, dbname = _server_of(setup.database_url)
+    cut_off, frozen = PgProxy(host, port).start(), PgProxy(host, port).start()
+    store = Store.open(Database(setup.database_url), pool_size=1)
+    try:
+        await store.jobs.declare_queue_limits(
+            {"default": QueueLimit(FROZEN_QUEUE_CONCURRENCY, (FROZEN_QUEUE_RATE, 1.0))}, config=True)
+    finally:
+        await store.close()
+    seconds = size.fault if size.name == "short" else 180.0
+    try:
+        fleet, ledger = setup.fleet()
+        fleet.start(3)
+        fleet.start(1, AGORA_PG_DATABASE_URL=cut_off.url(dbname))
+        fleet.start(1, AGORA_PG_DATABASE_URL=frozen.url(dbname))
+        stopped = fleet.workers[-1]
+        await wait_workers(setup.database_url, 5)
+
+        async def fault() -> dict[str, Any]:
+            cut_off.hold_reply_to(b"claim_limited_jobs")
+            frozen.hold_reply_to(b"claim_limited_jobs")
+            await _until(lambda: asyncio.sleep(0, cut_off.replies_held + frozen.replies_held), lambda n: n >= 2, 15)
+            stopped.send_signal(signal.SIGSTOP)
+            frozen.release()  # (its reply reaches a stopped process)
+            inside = await _claims_run_by(setup.database_url, cut_off.held_pids + frozen.held_pids)
+            await asyncio.sleep(seconds)
+            stopped.kill()
+            fleet.killed[stopped.pid] = time.time()
+            cut_off.release()
+            return {"held_claims": cut_off.replies_held + frozen.replies_held, "backends_after_the_claim": inside,
+                    "frozen_seconds": seconds}
+
+        result = await measure_flow("frozen_claimer", size, setup.database_url, fleet, ledger, fault)
+    finally:
+        for proxy in (cut_off, frozen):
+            proxy.release()
+            await asyncio.to_thread(proxy.close)
+    connection = await asyncpg.connect(setup.database_url)
+    try:
+        peak = await connection.fetchval(_PEAK_RUNNING, "default")
+        busiest_second = await connection.fetchval(_MOST_STARTS_IN_A_SECOND, "default")
+    finally:
+        await connection.close()
+    result.notes.update(peak_running_in_queue=peak, most_starts_in_a_second=busiest_second)
+    if result.notes["held_claims"] < 2 or result.notes["backends_after_the_claim"] < 2:
+        result.extra_violations.append("the freeze did not land in a claim: the fault did not happen")
+    if peak > FROZEN_QUEUE_CONCURRENCY:
+        result.extra_violations.append(f"{peak} runs of the queue overlapped (limit {FROZEN_QUEUE_CONCURRENCY})")
+    if busiest_second > FROZEN_QUEUE_RATE:
+        result.extra_violations.append(f"{busiest_second} runs started within a second (limit {FROZEN_QUEUE_RATE})")
+    return result
+
+
+# The most runs of queue $1 whose intervals (started_at to finished_at; a run in progress to
+# now) overlap at one instant: a SQL audit of a concurrency limit (ends count before starts).
+_PEAK_RUNNING = """
+WITH events AS (
+    SELECT r.started_at AS t, 1 AS change FROM agora.runs AS r JOIN agora.jobs AS j ON j.id = r.job_id
+    WHERE j.queue = $1
+    UNION ALL
+    SELECT COALESCE(r.finished_at, now()), -1 FROM agora.runs AS r JOIN agora.jobs AS j ON j.id = r.job_id
+    WHERE j.queue = $1
+)
+SELECT COALESCE(max(running), 0) FROM (
+    SELECT sum(change) OVER (ORDER BY t, change ROWS UNBOUNDED PRECEDING) AS running FROM events
+) AS counted
+"""
+# The most runs of queue $1 that started within any 1 s window (each run's start opens one).
+_MOST_STARTS_IN_A_SECOND = """
+SELECT COALESCE(max(n), 0) FROM (
+    SELECT count(*) OVER (ORDER BY r.started_at RANGE BETWEEN CURRENT ROW AND interval '0.999999 seconds' FOLLOWING) AS n
+    FROM agora.runs AS r JOIN agora.jobs AS j ON j.id = r.job_id WHERE j.queue = $1
+) AS windows
+"""
+
+
+async def _claims_run_by(url: str, pids: list[int]) -> int:
+    """Of the backends ``pids``, those whose last statement was a claim: the server ran it,
+    whatever became of its client."""
+    connection = await asyncpg.connect(url)
+    try:
+        return int(await connection.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1::int[]) AND query LIKE '%claim_limited_jobs%'",
+            pids))
+    finally:
+        await connection.close()
+
+
 async def network_stall(setup: Setup, size: Size) -> Result:
     """One of 2 workers reaches the server through a TCP proxy that holds all traffic
     (nothing refused, nothing answered) for the whole fault; a second into the stall the
@@ -1050,4 +1151,5 @@ SCENARIOS: dict[str, Callable[[Setup, Size], Awaitable[Result]]] = {
     "network_stall": network_stall,
     "schedules_under_faults": schedules_under_faults,
     "pgbouncer": pgbouncer,
+    "frozen_claimer": frozen_claimer,
 }

@@ -257,6 +257,29 @@ async def test_cancelling_a_running_async_job_stops_it_and_it_is_not_retried(
     assert (await store.jobs.get(job.id)).status is JobStatus.CANCELLED  # not claimed again
 
 
+async def test_a_cancel_whose_notification_was_missed_is_found_when_listen_reconnects(
+    queue: Queue, store: Store, settings: Settings
+) -> None:
+    """A worker that was not listening when a cancel was asked for (its LISTEN connection
+    down, or not yet up when the job started) looks at its running jobs' rows once it
+    listens again: the cancel comes then, not at the next lease renewal (40 s here)."""
+    async def long(job: Job, resources: Any) -> None:
+        await asyncio.sleep(60)
+
+    job = await queue.enqueue("long")
+    async with running(Worker({"long": long}, settings=settings.replace(lease_seconds=120))):
+        await wait_until(lambda: _is(store, job.id, JobStatus.PROCESSING), timeout=30)
+        async with store.connection() as connection:  # the cancel, its notification lost
+            await connection.execute("UPDATE agora.jobs SET cancel_requested_at = now() WHERE id = $1", job.id)
+            terminated = await connection.fetchval(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND query LIKE 'LISTEN%'")
+        assert terminated == 1
+        await wait_until(lambda: _is(store, job.id, JobStatus.CANCELLED), timeout=20,
+                         what="the job cancelled once LISTEN reconnected")
+    assert [run[:2] for run in await job_runs(store, job.id)] == [(1, "cancelled")]
+
+
 async def test_cancelling_a_running_sync_job_waits_for_its_thread(
     queue: Queue, store: Store, settings: Settings, caplog: pytest.LogCaptureFixture
 ) -> None:
