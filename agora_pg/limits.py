@@ -1,9 +1,5 @@
-"""Flow-control limits as declared (``handlers.kind``, ``handlers.queue``, an agora/v1
-config's ``[kinds.NAME]`` and ``[queues.NAME]``), checked here whichever way: a
-concurrency and a rate's starts from 1 to ``MAX_LIMIT``, a rate's window finite and from
-``MIN_RATE_SECONDS`` to ``MAX_RATE_SECONDS``, key fields named in at most
-``MAX_FIELD_NAME`` printable characters. The database's CHECK constraints (migration
-0027) hold the same bounds. No I/O."""
+"""Flow-control limits as declared (``handlers.kind``, ``handlers.queue``, a config's
+``[kinds]`` and ``[queues]``), each checked here within its bounds. No I/O."""
 
 from __future__ import annotations
 

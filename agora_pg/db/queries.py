@@ -277,8 +277,8 @@ WITH taken AS (
 # never waits on a lock. A first step reads the due jobs that fit every limit (each
 # key's, each kind's, each queue's, rates included) and takes a transaction-scoped
 # advisory lock per key and per queue it would take from, skipping those another claim
-# holds; a second, at the instant those locks are held and with a snapshot taken after
-# them, counts again and claims what still fits, stamping started_at and the starts a
+# holds; a second, with a snapshot taken after them, counts again (at its clock, read
+# after that snapshot) and claims what still fits, stamping started_at and the starts a
 # rate counts with that instant. $1 the worker's queues (text[]), $2 the kinds it handles
 # (text[]), $3 how many due jobs of a limited kind to look at per queue, $4 the most to
 # claim, $5 the worker, $6 its lease seconds (as CLAIM_JOBS's), $7 the last key of fair

@@ -558,13 +558,9 @@ class _WorkerRun:
             self._start_side(self._look_for_cancels([attempt.job.id for attempt in self.running]), "cancel check")
 
     async def _look_for_cancels(self, job_ids: list[int]) -> None:
-        try:
-            cancelled = await self.store.jobs.cancel_requested(job_ids)
-        except DatabaseUnavailable as error:  # (the next lease renewal carries them)
-            log.warning("looking for cancels of running jobs: %s", error)
-            return
-        for job_id in cancelled:
-            self._on_cancel(str(job_id))
+        with contextlib.suppress(DatabaseUnavailable):  # (the next lease renewal carries them then)
+            for job_id in await self.store.jobs.cancel_requested(job_ids):
+                self._on_cancel(str(job_id))
 
     def _on_enqueue(self, queue: str) -> None:
         if queue in self.settings.queues:

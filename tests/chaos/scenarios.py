@@ -687,7 +687,16 @@ async def frozen_claimer(setup: Setup, size: Size) -> Result:
     if result.notes["held_claims"] < 2 or result.notes["backends_after_the_claim"] < 2:
         result.extra_violations.append("the freeze did not land in a claim: the fault did not happen")
     if peak > FROZEN_QUEUE_CONCURRENCY:
-        result.extra_violations.append(f"{peak} runs of the queue overlapped (limit {FROZEN_QUEUE_CONCURRENCY})")
+        connection = await asyncpg.connect(setup.database_url)
+        try:
+            at = await connection.fetchval(_PEAK_AT, "default")
+            overlapping = [tuple(row) for row in await connection.fetch(
+                "SELECT r.job_id, r.attempt, r.status, r.worker_id, r.started_at, r.finished_at FROM agora.runs AS r "
+                "WHERE r.started_at <= $1 AND COALESCE(r.finished_at, now()) > $1 ORDER BY r.started_at", at)]
+        finally:
+            await connection.close()
+        result.extra_violations.append(f"{peak} runs of the queue overlapped (limit {FROZEN_QUEUE_CONCURRENCY}) "
+                                       f"at {at}: {overlapping}")
     if busiest_second > FROZEN_QUEUE_RATE:
         result.extra_violations.append(f"{busiest_second} runs started within a second (limit {FROZEN_QUEUE_RATE})")
     return result
@@ -707,6 +716,9 @@ SELECT COALESCE(max(running), 0) FROM (
     SELECT sum(change) OVER (ORDER BY t, change ROWS UNBOUNDED PRECEDING) AS running FROM events
 ) AS counted
 """
+# The first instant at which _PEAK_RUNNING's most runs ran (to show them).
+_PEAK_AT = (_PEAK_RUNNING.replace("COALESCE(max(running), 0)", "(array_agg(t ORDER BY running DESC, t))[1]")
+            .replace("SELECT sum(change)", "SELECT t, sum(change)"))
 # The most runs of queue $1 that started within any 1 s window (each run's start opens one).
 _MOST_STARTS_IN_A_SECOND = """
 SELECT COALESCE(max(n), 0) FROM (

@@ -10,11 +10,11 @@ jobs of its limited kinds (in any queue) and every job of its limited queues:
 1. It reads the due jobs: the first ``depth`` of each (queue, kind) pair that has a
    limit (a limited kind's pair reads ``scan`` rows, a limited queue's other pairs
    ``wanted``; jobs with a key of fair share are read per key instead, as before).
-   It counts each key's and each queue's room, keeps the jobs that fit both, and
+   It counts each key's room, keeps the jobs that fit it (and each queue's limit), and
    takes a transaction-scoped advisory lock on each key and each queue it would take
    from, skipping those another claim holds (``pg_try_advisory_xact_lock``).
-2. At ``taken_at``, the database's clock once those locks are held, and with a
-   snapshot taken after them, it counts the room again (running jobs, and starts in
+2. At ``taken_at``, the database's clock read after those locks are held and after the
+   snapshot of the statement that counts, it counts the room again (running jobs, and starts in
    the window ending at ``taken_at``), claims what still fits, and stamps the jobs'
    ``started_at`` and their starts (``agora.kind_starts``, ``agora.queue_starts``)
    with ``taken_at``: the instant the counts used, so that a window of ``started_at``
@@ -75,11 +75,13 @@ QUEUE_ROOM = rf"""
 CREATE FUNCTION agora.queue_room(queues text[], at timestamptz DEFAULT now())
 RETURNS TABLE (queue text, room integer) LANGUAGE sql STABLE AS $$
     SELECT l.queue, LEAST(
-        COALESCE(l.concurrency - (SELECT count(*) FROM agora.jobs AS j
-                                  WHERE j.status = 'processing' AND j.queue = l.queue)::integer, {NO_LIMIT}),
-        COALESCE(l.rate - (SELECT count(*) FROM agora.queue_starts AS s
-                           WHERE s.queue = l.queue AND s.started_at > at - make_interval(secs => l.rate_seconds))::integer,
-                 {NO_LIMIT}))
+        CASE WHEN l.concurrency IS NULL THEN {NO_LIMIT}
+             ELSE l.concurrency - (SELECT count(*) FROM agora.jobs AS j
+                                   WHERE j.status = 'processing' AND j.queue = l.queue)::integer END,
+        CASE WHEN l.rate IS NULL THEN {NO_LIMIT}
+             ELSE l.rate - (SELECT count(*) FROM agora.queue_starts AS s
+                            WHERE s.queue = l.queue AND s.started_at > at - make_interval(secs => l.rate_seconds))::integer
+        END)
     FROM agora.queue_limits AS l WHERE l.queue = ANY(queues)
 $$
 """
@@ -188,8 +190,6 @@ BEGIN
         LEFT JOIN agora.queue_limits AS ql ON ql.queue = d.queue
     ), free AS MATERIALIZED (  -- once, whatever the row estimates (never once per due job)
         SELECT * FROM agora.limit_room(limited_kinds)
-    ), queue_free AS MATERIALIZED (
-        SELECT * FROM agora.queue_room(limited_queues)
     ), kind_fitting AS (
         SELECT d.* FROM (
             SELECT d.*, row_number() OVER (PARTITION BY d.kind, d.key ORDER BY d.turn, d.priority DESC, d.run_at, d.id)
@@ -198,14 +198,13 @@ BEGIN
         ) AS d
         LEFT JOIN free AS f ON f.kind = d.kind AND f.key = d.key
         WHERE NOT d.counted OR d.kind_rank <= COALESCE(f.room, d.kind_limit_room)
-    ), fitting AS (
+    ), fitting AS (  -- (a queue's room is counted once, under its lock: below)
         SELECT d.id, d.kind, d.key, d.queue, d.counted, d.queue_limited FROM (
             SELECT d.*, row_number() OVER (PARTITION BY d.queue ORDER BY d.turn, d.priority DESC, d.run_at, d.id)
                    AS queue_rank
             FROM kind_fitting AS d
         ) AS d
-        LEFT JOIN queue_free AS f ON f.queue = d.queue
-        WHERE NOT d.queue_limited OR d.queue_rank <= COALESCE(f.room, d.queue_limit_room)
+        WHERE NOT d.queue_limited OR d.queue_rank <= d.queue_limit_room
         ORDER BY d.turn, d.priority DESC, d.run_at, d.id
         LIMIT wanted
     ), locked_keys AS (  -- (a kind without a limit, shared by key alone, needs no lock)
@@ -223,18 +222,21 @@ BEGIN
     IF ids IS NULL THEN
         RETURN;
     END IF;
-    taken_at := clock_timestamp();  -- the locks are held: counts and starts are of this instant
     RETURN QUERY
-    -- (the rows are read by id alone and their state tested after: with the state in the
-    -- same WHERE, a planner without statistics scans the claim index for the ids)
-    WITH due AS (
+    -- (taken_at: the clock read by this statement, after its snapshot, so that every outcome
+    -- the snapshot sees ended before it and every start it counts began before it. The rows
+    -- are read by id alone and their state tested after: with the state in the same WHERE,
+    -- a planner without statistics scans the claim index for the ids.)
+    WITH taken AS MATERIALIZED (
+        SELECT clock_timestamp() AS taken_at
+    ), due AS (
         SELECT d.id, d.kind, d.key, j.queue, j.status, j.retry_count, j.max_retries, j.delayed, j.priority, j.run_at
         FROM unnest(ids, id_kinds, id_keys) AS d(id, kind, key)
         CROSS JOIN LATERAL (SELECT * FROM agora.jobs AS j WHERE j.id = d.id OFFSET 0) AS j
     ), free AS MATERIALIZED (
-        SELECT * FROM agora.limit_room(id_kinds, taken_at)
+        SELECT * FROM agora.limit_room(id_kinds, (SELECT t.taken_at FROM taken AS t))
     ), queue_free AS MATERIALIZED (
-        SELECT * FROM agora.queue_room(id_queues, taken_at)
+        SELECT * FROM agora.queue_room(id_queues, (SELECT t.taken_at FROM taken AS t))
     ), kind_fitting AS (
         SELECT d.* FROM (
             SELECT d.*, row_number() OVER (PARTITION BY d.kind, d.key ORDER BY d.priority DESC, d.run_at, d.id) AS kind_rank
@@ -261,7 +263,7 @@ BEGIN
         FOR UPDATE OF j SKIP LOCKED
     ), claimed AS (
         UPDATE agora.jobs AS j
-        SET status = 'processing', started_at = taken_at, finished_at = NULL, locked_by = worker,
+        SET status = 'processing', started_at = (SELECT t.taken_at FROM taken AS t), finished_at = NULL, locked_by = worker,
             lease_expires_at = CASE WHEN (SELECT w.lease_expires_at FROM agora.workers AS w WHERE w.id = worker) > now()
                                     THEN NULL ELSE now() + make_interval(secs => lease_seconds) END,
             attempt = j.attempt + 1, cancel_requested_at = NULL, progress = NULL
@@ -271,15 +273,16 @@ BEGIN
         RETURNING j.*
     ), kind_started AS (
         INSERT INTO agora.kind_starts (kind, key, started_at)
-        SELECT c.kind, {_KEY.format(payload="c.payload")}, taken_at
+        SELECT c.kind, {_KEY.format(payload="c.payload")}, c.started_at
         FROM claimed AS c JOIN agora.kind_limits AS l ON l.kind = c.kind
         WHERE l.rate IS NOT NULL
     ), queue_started AS (
         INSERT INTO agora.queue_starts (queue, started_at)
-        SELECT c.queue, taken_at FROM claimed AS c JOIN agora.queue_limits AS l ON l.queue = c.queue
+        SELECT c.queue, c.started_at FROM claimed AS c JOIN agora.queue_limits AS l ON l.queue = c.queue
         WHERE l.rate IS NOT NULL
     )
     SELECT * FROM claimed;
+    taken_at := clock_timestamp();  -- (later than the claim's: a start it deletes is out of every later window)
     DELETE FROM agora.kind_starts AS s USING agora.kind_limits AS l
     WHERE s.kind = ANY(id_kinds) AND l.kind = s.kind
       AND s.started_at < taken_at - make_interval(secs => COALESCE(l.rate_seconds, 0));
