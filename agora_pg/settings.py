@@ -48,6 +48,7 @@ class Settings:
     max_lost_attempts: int = 3
     database_timeout: float = 30.0
     idle_transaction_timeout: float = 10.0
+    claim_timeout: float = 5.0
     api_token: str | None = dataclasses.field(default=None, repr=False)
     api_max_payload_bytes: int = 1024 * 1024
     api_allowed_origins: tuple[str, ...] = ()
@@ -78,6 +79,7 @@ class Settings:
         _require(self.max_lost_attempts >= 1, "WORKER_MAX_LOST_ATTEMPTS", "must be >= 1")
         _require(self.database_timeout > 0, "AGORA_PG_DATABASE_TIMEOUT", "must be > 0")
         _require(self.idle_transaction_timeout > 0, "AGORA_PG_IDLE_TRANSACTION_TIMEOUT", "must be > 0")
+        _require(self.claim_timeout > 0, "WORKER_CLAIM_TIMEOUT", "must be > 0")
         _require(self.health_port is None or 0 <= self.health_port <= 65535, "WORKER_HEALTH_PORT",
                  "must be a port number (0: any free port)")
         _require(self.api_max_payload_bytes >= 1, "AGORA_PG_API_MAX_PAYLOAD_BYTES", "must be >= 1")
@@ -136,6 +138,7 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         max_lost_attempts=_int(env, "WORKER_MAX_LOST_ATTEMPTS", defaults.max_lost_attempts),
         database_timeout=_float(env, "AGORA_PG_DATABASE_TIMEOUT", defaults.database_timeout),
         idle_transaction_timeout=_float(env, "AGORA_PG_IDLE_TRANSACTION_TIMEOUT", defaults.idle_transaction_timeout),
+        claim_timeout=_float(env, "WORKER_CLAIM_TIMEOUT", defaults.claim_timeout),
         api_token=env.get("AGORA_PG_API_TOKEN") or None,
         api_max_payload_bytes=_int(env, "AGORA_PG_API_MAX_PAYLOAD_BYTES", defaults.api_max_payload_bytes),
         api_max_connections=_int(env, "AGORA_PG_API_MAX_CONNECTIONS", defaults.api_max_connections),
@@ -198,6 +201,9 @@ VARIABLES: tuple[Variable, ...] = (
              "seconds after which the server ends a session of agora-pg's left idle inside a transaction (a "
              "process frozen or cut off mid-claim), releasing its locks; at most half of `WORKER_LEASE_SECONDS`, "
              "not set through a transaction pooler"),
+    Variable(("WORKER_CLAIM_TIMEOUT",), "5",
+             "seconds after which a worker cancels a claim that has not answered (the server rolls it back, "
+             "with its locks); at most half of `WORKER_LEASE_SECONDS`"),
     Variable(("AGORA_PG_API_TOKEN",), "none",
              "bearer token the API requires (16+ characters, 8+ different ones); without it the API has no "
              "authentication and answers only this machine"),

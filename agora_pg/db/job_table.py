@@ -83,25 +83,26 @@ class JobTable:
 
     async def claim(
         self, queues: Sequence[str], limit: int, worker_id: str, lease_seconds: float, *, kinds: Sequence[str],
-        suspects: bool = True, suspect_lost: int = 1,
+        suspects: bool = True, suspect_lost: int = 1, timeout: float | None = None,
     ) -> list[Job]:
         """Claim up to ``limit`` due jobs of ``queues`` and ``kinds`` (those the worker
         handles), highest priority first. Of the jobs that lost ``suspect_lost`` attempts
-        or more, at most one, and none without ``suspects``."""
+        or more, at most one, and none without ``suspects``. A claim not answered within
+        ``timeout`` seconds is cancelled (``DatabaseUnavailable``)."""
         rows = await self._store.fetch(queries.CLAIM_JOBS, list(queues), limit, worker_id, float(lease_seconds),
-                                       suspects, suspect_lost, list(kinds))
+                                       suspects, suspect_lost, list(kinds), timeout=timeout)
         return _in_claim_order(rows)
 
     async def claim_limited(
         self, queues: Sequence[str], limit: int, worker_id: str, lease_seconds: float, kinds: Sequence[str],
-        scan: int, after_key: str | None = None,
+        scan: int, after_key: str | None = None, timeout: float | None = None,
     ) -> tuple[list[Job], str | None]:
         """Claim up to ``limit`` due jobs of ``kinds`` in ``queues`` that a limit applies to,
         within every limit (``queries.CLAIM_LIMITED_JOBS``; ``scan``: how many of a limited
         kind's to look at per queue). Returns them and the last key of fair share served."""
         rows = await self._store.fetch(
             queries.CLAIM_LIMITED_JOBS, list(queues), list(kinds), scan, limit, worker_id, float(lease_seconds),
-            after_key,
+            after_key, timeout=timeout,
         )
         keys = {row["fair_key"] for row in rows} - {None}
         return _in_claim_order(rows), last_key_served(keys, after_key) if keys else after_key

@@ -9,10 +9,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from agora_pg.db.predicates import ALIVE, CLAIMABLE, CLAIMABLE_NOW
 from agora_pg.jobs import JOB_FIELDS
 from agora_pg.schedules import (ERROR_BACKOFF_CAP_SECONDS, SCHEDULE_DECLARED_EVERY_SECONDS,
                                 SCHEDULE_ORPHANED_AFTER_SECONDS)
+
+# A job is claimable in this state; the claim query and the partial index repeat it verbatim.
+CLAIMABLE = "status = 'pending' OR (status = 'failed' AND retry_count < max_retries)"
+# Claimable and not waiting for its run_at: the claim index holds exactly these rows (a
+# delayed job enters it when a worker's promotion step sees its run_at pass).
+CLAIMABLE_NOW = f"({CLAIMABLE}) AND NOT delayed"
+# A job still has work ahead of it: at most one such job per dedup_key.
+ALIVE = ("dedup_key IS NOT NULL AND (status IN ('pending', 'processing') "
+         "OR (status = 'failed' AND retry_count < max_retries))")
 
 # Every field of ``jobs.Job``, in its order (jsonb as text: decoded in Python).
 JOB_COLUMNS = ", ".join(f"{name}::text AS {name}" if name in ("payload", "progress") else name for name in JOB_FIELDS)

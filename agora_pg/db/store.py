@@ -174,7 +174,7 @@ class Store:
         reason = error.orig if isinstance(error, sqlalchemy.exc.DBAPIError) and error.orig else error
         text = str(reason) or type(reason).__name__
         if isinstance(reason, TimeoutError):
-            text, lost = f"no answer within {self.timeout:g}s", False
+            text, lost = "no answer within the call's deadline", False
         kind = ConnectionLost if lost else DatabaseUnavailable
         return kind(f"cannot use the database at {self.database.display_url}: {text}")
 
@@ -182,9 +182,11 @@ class Store:
         async with self.connection() as connection:
             await connection.execute(sql, *args)
 
-    async def fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
+    async def fetch(self, sql: str, *args: Any, timeout: float | None = None) -> list[asyncpg.Record]:
+        """The rows of ``sql``; a call not answered within ``timeout`` (else the Store's) is
+        cancelled on the server and raises ``DatabaseUnavailable``."""
         async with self.connection() as connection:
-            return cast(list[asyncpg.Record], await connection.fetch(sql, *args))
+            return cast(list[asyncpg.Record], await connection.fetch(sql, *args, timeout=timeout))
 
     # -- schema -----------------------------------------------------------------
 

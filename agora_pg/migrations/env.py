@@ -14,18 +14,13 @@ from alembic import context
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
-from agora_pg.db.tables import SCHEMA, metadata
 
 log = logging.getLogger("alembic.agora_pg")
 
+SCHEMA = "agora"  # every table is in it; the migrations are the schema's one description
+
 # Serialises concurrent `migrate` runs (several containers starting at once).
 MIGRATION_LOCK_KEY = 0x61676F7261  # "agora"
-
-
-def _include_name(name: str | None, type_: str, parent_names: object) -> bool:
-    if type_ == "schema":
-        return name == SCHEMA
-    return True
 
 
 def _run(connection: Connection) -> None:
@@ -33,10 +28,7 @@ def _run(connection: Connection) -> None:
     connection.execute(text(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}"))
     context.configure(
         connection=connection,
-        target_metadata=metadata,
         version_table_schema=SCHEMA,
-        include_schemas=True,
-        include_name=_include_name,
         transaction_per_migration=False,
     )
     with context.begin_transaction():

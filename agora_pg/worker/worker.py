@@ -210,6 +210,7 @@ class _WorkerRun:
         self.unknown_seen = False  # the lease supervisor saw jobs held unknowingly: look once
         self.delayed_inserted = asyncio.Event()  # new delayed jobs: the promoter looks again
         self.claim_batch = claim_batch(settings.concurrency)
+        self.claim_timeout = min(settings.claim_timeout, settings.lease_seconds / 2)  # (cancelled past it)
         self.limited_kinds: tuple[str, ...] = ()  # of known_kinds, those with a limit
         self.rated_kinds: tuple[str, ...] = ()  # of those, the ones with a rate limit
         self.limits_read_at = -LIMITS_REFRESH_SECONDS
@@ -322,40 +323,33 @@ class _WorkerRun:
 
     async def _claim(self, limit: int) -> list[Job]:
         """Up to ``limit`` due jobs: first those a limit applies to (of its limited kinds,
-        and any in its limited queues: one statement keeps every limit), then of any other
-        kind it handles in its other queues. A step that fails after another claimed jobs
-        ends the claim: those run."""
+        in any queue, and any in its limited queues: one statement keeps every limit), then
+        of its other kinds in its other queues. If the second claim fails after the first
+        claimed jobs, those run."""
         worker, settings = self.worker, self.settings
         if time.monotonic() - self.limits_read_at >= LIMITS_REFRESH_SECONDS:
             await self._unless_stopping(self._read_limits())  # (a stop does not wait for it)
         jobs: list[Job] = []
-        unlimited = self._unlimited_queues()
-
-        steps: list[Callable[[int], Coroutine[Any, Any, list[Job]]]] = []
         if self.limited_kinds or self.limited_queues:
-            async def of_limits(room: int) -> list[Job]:
-                claimed, self.fair_cursor = await self.store.jobs.claim_limited(
-                    settings.queues, room, worker.id, settings.lease_seconds, self.known_kinds,
-                    scan=max(LIMITED_SCAN, LIMITED_SCAN_PER_SLOT * room), after_key=self.fair_cursor)
-                return claimed
-            steps.append(of_limits)
-        if unlimited:
-            steps.append(lambda room: self.store.jobs.claim(
-                unlimited, room, worker.id, settings.lease_seconds, kinds=self.known_kinds,
-                suspects=not self.suspects_running and not any(job.lost_count >= self.suspect_lost for job in jobs),
-                suspect_lost=self.suspect_lost))
-        for step in steps:
-            if len(jobs) >= limit:
-                break
+            jobs, self.fair_cursor = await self._unless_stopping(self.store.jobs.claim_limited(
+                settings.queues, limit, worker.id, settings.lease_seconds, self.known_kinds,
+                scan=max(LIMITED_SCAN, LIMITED_SCAN_PER_SLOT * limit), after_key=self.fair_cursor,
+                timeout=self.claim_timeout))
+        # (a kind whose limit was removed joins this claim when the limits are next read)
+        queues = tuple(queue for queue in settings.queues if queue not in self.limited_queues)
+        kinds = tuple(kind for kind in self.known_kinds if kind not in self.limited_kinds)
+        if len(jobs) < limit and queues and kinds:
+            suspects = not self.suspects_running and not any(job.lost_count >= self.suspect_lost for job in jobs)
             try:
-                jobs += await self._unless_stopping(step(limit - len(jobs)))
+                jobs += await self._unless_stopping(self.store.jobs.claim(
+                    queues, limit - len(jobs), worker.id, settings.lease_seconds, kinds=kinds,
+                    suspects=suspects, suspect_lost=self.suspect_lost, timeout=self.claim_timeout))
             except _Stopping:
                 raise
-            except Exception as error:  # the steps before committed: their jobs run, the rest is claimed later
+            except Exception as error:  # the first claim committed: its jobs run, the rest is claimed later
                 if not jobs:
                     raise
                 log.warning("claiming jobs: %s; running the %d claimed before", error, len(jobs))
-                break
         if len(jobs) < limit and (self.rated_kinds or self.rated_queues):
             await self._wake_at_rate_room()
         return jobs
@@ -379,12 +373,6 @@ class _WorkerRun:
         self.limited_queues = tuple(queue for queue in queues if queue in queue_limits)
         self.rated_queues = tuple(queue for queue in self.limited_queues if queue_limits[queue].rate)
         self.limits_read_at = time.monotonic()
-
-    def _unlimited_queues(self) -> tuple[str, ...]:
-        """This worker's queues without limits (claimed together, as always)."""
-        if not self.limited_queues:
-            return self.settings.queues
-        return tuple(queue for queue in self.settings.queues if queue not in self.limited_queues)
 
     async def _wake_at_rate_room(self) -> None:
         """Look again when a rate limit's window next has room, if that is before the next poll

@@ -359,6 +359,29 @@ async def test_a_per_key_limit_does_not_block_at_the_head_of_the_queue(queue: Qu
     assert Counter(job.payload["customer"] for job in jobs) == {"busy": 2, "quiet": 1}
 
 
+async def test_far_from_its_limit_a_per_key_kind_is_claimed_in_claim_order(queue: Queue, store: Store) -> None:
+    await queue.enqueue_many([JobSpec("mail", {"customer": customer}) for customer in ("a", "b") for _ in range(10)])
+    await store.jobs.declare_limits({"mail": KindLimit(10, "customer")})
+    jobs = await _claimed(store, ["default"], 10, "w", 30, ["mail"], scan=100)
+    # 0 running + 10 asked for: no key can pass 10, so no key is counted or visited
+    assert Counter(job.payload["customer"] for job in jobs) == {"a": 10}
+    await store.jobs.declare_limits({"mail": KindLimit(12, "customer")})
+    jobs = await _claimed(store, ["default"], 5, "w", 30, ["mail"], scan=100)
+    # 10 running + 5 asked for could pass 12 for "a": the keys are visited in turn
+    assert Counter(job.payload["customer"] for job in jobs) == {"b": 5}
+
+
+async def test_a_claim_leaves_out_a_kind_another_claim_holds_and_never_waits(queue: Queue, store: Store) -> None:
+    await store.jobs.declare_limits({"mail": KindLimit(5), "sms": KindLimit(5)})
+    await queue.enqueue_many([JobSpec(kind, {}) for kind in ("mail", "sms") for _ in range(3)])
+    async with store.connection() as holder, holder.transaction():
+        await holder.execute("SELECT pg_advisory_xact_lock(6383468, hashtext('mail'))")  # (as a claim of mail does)
+        jobs = await asyncio.wait_for(_claimed(store, ["default"], 10, "w", 30, ["mail", "sms"], scan=100), 5)
+        assert [job.kind for job in jobs] == ["sms"] * 3
+    jobs = await _claimed(store, ["default"], 10, "w", 30, ["mail", "sms"], scan=100)
+    assert [job.kind for job in jobs] == ["mail"] * 3
+
+
 async def test_small_tenants_finish_soon_beside_one_with_100000_jobs(
     queue: Queue, store: Store, settings: Settings
 ) -> None:

@@ -1,51 +1,43 @@
-"""The migrations and the table metadata agree, and migrate both ways."""
+"""The migrations migrate both ways, and leave a schema the code can use."""
 
 import asyncio
-from typing import Any
 
 import asyncpg
 import pytest
-from alembic.autogenerate import compare_metadata
-from alembic.migration import MigrationContext
-from sqlalchemy.engine import Connection
 
 from agora_pg.db import migrate
 from agora_pg.db.connect import Database
 from agora_pg.db.store import Store
-from agora_pg.db.tables import SCHEMA, metadata
+from agora_pg.jobs import JOB_FIELDS
 
 
-def _include_name(name: str | None, type_: str, parent_names: Any) -> bool:
-    return name == SCHEMA if type_ == "schema" else True
+async def schema_of(store: Store) -> list[tuple[str, str, str]]:
+    """Every column, index, constraint and function of the agora schema, as the catalog
+    describes them: the same after a downgrade and an upgrade again as after the first."""
+    rows = await store.fetch("""
+        SELECT 'column' AS what, table_name || '.' || column_name AS name,
+               concat_ws(' ', data_type, is_nullable, column_default, col_description(
+                   ('agora.' || table_name)::regclass, ordinal_position::int)) AS definition
+        FROM information_schema.columns WHERE table_schema = 'agora'
+        UNION ALL SELECT 'index', indexname, indexdef FROM pg_indexes WHERE schemaname = 'agora'
+        UNION ALL SELECT 'constraint', conrelid::regclass::text || '.' || conname, pg_get_constraintdef(oid)
+        FROM pg_constraint WHERE connamespace = 'agora'::regnamespace
+        UNION ALL SELECT 'function', oid::regprocedure::text, md5(pg_get_functiondef(oid))
+        FROM pg_proc WHERE pronamespace = 'agora'::regnamespace
+        ORDER BY 1, 2""")
+    return [(row["what"], row["name"], row["definition"]) for row in rows]
 
 
-async def schema_diff(store: Store) -> list[Any]:
-    diff: list[Any] = []
-
-    def compare(connection: Connection) -> None:
-        context = MigrationContext.configure(
-            connection,
-            opts={
-                "include_schemas": True,
-                "include_name": _include_name,
-                "version_table_schema": SCHEMA,
-                "compare_server_default": True,
-            },
-        )
-        diff.extend(compare_metadata(context, metadata))
-
-    await store.run_sync_in_transaction(compare)
-    return diff
-
-
-async def test_upgrade_head_matches_metadata_and_is_idempotent(fresh_db: str) -> None:
+async def test_upgrade_to_head_is_idempotent_and_has_every_job_field(fresh_db: str) -> None:
     store = Store.open(Database(fresh_db))
     try:
         assert await store.schema_versions() == set()
         await migrate.upgrade(store)
         await migrate.upgrade(store)
         assert await migrate.is_at_head(store)
-        assert await schema_diff(store) == []
+        columns = {row["column_name"] for row in await store.fetch(
+            "SELECT column_name FROM information_schema.columns WHERE table_schema = 'agora' AND table_name = 'jobs'")}
+        assert set(JOB_FIELDS) <= columns
     finally:
         await store.close()
 
@@ -54,6 +46,7 @@ async def test_downgrade_to_base_then_upgrade_again(fresh_db: str) -> None:
     store = Store.open(Database(fresh_db))
     try:
         await migrate.upgrade(store)
+        head = await schema_of(store)
         await migrate.downgrade(store, "base")
         async with store.connection() as connection:
             tables = await connection.fetchval(
@@ -62,7 +55,7 @@ async def test_downgrade_to_base_then_upgrade_again(fresh_db: str) -> None:
         assert tables == 0
         await migrate.upgrade(store)
         assert await migrate.is_at_head(store)
-        assert await schema_diff(store) == []
+        assert await schema_of(store) == head
     finally:
         await store.close()
 
@@ -164,6 +157,7 @@ async def test_downgrade_to_the_foreign_key_never_deletes_history(fresh_db: str)
     store = Store.open(Database(fresh_db))
     try:
         await migrate.upgrade(store)
+        head = await schema_of(store)
         validated = "SELECT convalidated FROM pg_constraint WHERE conname = 'runs_job_id_fkey'"
         await migrate.downgrade(store, "0010")
         async with store.connection() as connection:
@@ -177,7 +171,7 @@ async def test_downgrade_to_the_foreign_key_never_deletes_history(fresh_db: str)
             assert await connection.fetchval(validated) is False
             assert await connection.fetchval("SELECT count(*) FROM agora.runs WHERE job_id = 424242") == 1
         await migrate.upgrade(store)
-        assert await schema_diff(store) == []
+        assert await schema_of(store) == head
     finally:
         await store.close()
 
@@ -213,6 +207,7 @@ async def test_downgrade_from_the_one_row_check_restores_the_trigger_and_the_ele
     checks = "SELECT count(*) FROM pg_constraint WHERE conrelid = 'agora.jobs'::regclass AND contype = 'c'"
     try:
         await migrate.upgrade(store)
+        head = await schema_of(store)
         await migrate.downgrade(store, "0013")
         async with store.connection() as connection:
             assert await connection.fetchval(checks) == 11
@@ -227,7 +222,7 @@ async def test_downgrade_from_the_one_row_check_restores_the_trigger_and_the_ele
         await migrate.upgrade(store)
         async with store.connection() as connection:
             assert await connection.fetchval(checks) == 1
-        assert await schema_diff(store) == []
+        assert await schema_of(store) == head
     finally:
         await store.close()
 

@@ -137,6 +137,17 @@ async def test_concurrent_claims_of_a_limited_queue_never_overshoot(queue: Queue
     assert peak == 3
 
 
+async def test_a_claim_leaves_out_a_queue_another_claim_holds_and_never_waits(queue: Queue, store: Store) -> None:
+    await store.jobs.declare_queue_limits({"mail": QueueLimit(5), "sms": QueueLimit(5)})
+    await queue.enqueue_many([JobSpec("k", queue=name) for name in ("mail", "sms") for _ in range(3)])
+    async with store.connection() as holder, holder.transaction():
+        await holder.execute("SELECT pg_advisory_xact_lock(6383469, hashtext('mail'))")  # (as a claim of mail does)
+        jobs, _ = await asyncio.wait_for(store.jobs.claim_limited(["mail", "sms"], 10, "w", 30, ["k"], scan=100), 5)
+        assert [job.queue for job in jobs] == ["sms"] * 3
+    jobs, _ = await store.jobs.claim_limited(["mail", "sms"], 10, "w", 30, ["k"], scan=100)
+    assert [job.queue for job in jobs] == ["mail"] * 3
+
+
 async def test_a_queue_rate_limit_counts_starts_in_its_window_and_charges_nothing(queue: Queue, store: Store) -> None:
     await store.jobs.declare_queue_limits({"sms": QueueLimit(None, (3, 60.0))})
     await queue.enqueue_many([JobSpec(kind, queue="sms") for kind in ("a", "b", "a", "b", "a")])

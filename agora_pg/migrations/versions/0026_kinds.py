@@ -20,7 +20,7 @@ down_revision = "0025"
 branch_labels = None
 depends_on = None
 
-# (agora_pg.db.predicates.ALIVE and queries._WAKE at this revision)
+# (agora_pg.db.queries.ALIVE and queries._WAKE at this revision)
 ENQUEUE = """
 CREATE FUNCTION agora.enqueue(kind text, payload jsonb DEFAULT '{}', queue text DEFAULT NULL,
                               run_at timestamptz DEFAULT NULL, priority integer DEFAULT 0,
