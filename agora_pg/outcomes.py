@@ -135,14 +135,9 @@ def outcome_of(
             "CancelledError: the handler raised CancelledError itself (agora-pg did not cancel it)",
             MAX_ERROR_MESSAGE,
         )
-    return Outcome(
-        OutcomeKind.FAILED,
-        error_type,
-        message,
-        format_traceback(error),
-        final=isinstance(error, Fail) or isinstance(error, tuple(non_retryable)),
-        retry_after=error.delay_seconds if isinstance(error, Retry) else None,
-    )
+    return Outcome(OutcomeKind.FAILED, error_type, message, format_traceback(error),
+                   final=isinstance(error, Fail) or isinstance(error, tuple(non_retryable)),
+                   retry_after=error.delay_seconds if isinstance(error, Retry) else None)
 
 
 def thread_left_running(outcome: Outcome, thread: str, waited: float, retry_at_least: float) -> Outcome:

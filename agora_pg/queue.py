@@ -87,17 +87,8 @@ class Queue:
         transaction. ``timeout_seconds`` bounds each attempt (default: the kind's
         timeout, else the worker's ``WORKER_JOB_TIMEOUT``).
         """
-        spec = JobSpec(
-            kind=kind,
-            payload={} if payload is None else payload,
-            name=name,
-            queue=queue,
-            priority=priority,
-            run_at=run_at,
-            max_retries=max_retries,
-            dedup_key=dedup_key,
-            timeout_seconds=timeout_seconds,
-        )
+        spec = JobSpec(kind, {} if payload is None else payload, name=name, queue=queue, priority=priority,
+                       run_at=run_at, max_retries=max_retries, dedup_key=dedup_key, timeout_seconds=timeout_seconds)
         [(job, _created)] = await self.store.jobs.enqueue(apply_kinds(self.kinds, [spec]), connection)
         return job
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from agora_pg.errors import ConfigError
 from agora_pg.retention import Retention, parse_age
@@ -68,27 +69,15 @@ class Settings:
     pipelines_config: Path | None = None
 
     def __post_init__(self) -> None:
-        _require(self.poll_seconds > 0, "WORKER_POLL_SECONDS", "must be > 0")
-        _require(self.max_retries >= 0, "WORKER_MAX_RETRIES", "must be >= 0")
-        _require(self.concurrency >= 1, "WORKER_CONCURRENCY", "must be >= 1")
-        _require(self.lease_seconds >= 1, "WORKER_LEASE_SECONDS", "must be >= 1")
-        _require(self.shutdown_timeout >= 0, "WORKER_SHUTDOWN_TIMEOUT", "must be >= 0")
-        _require(self.retry_backoff_seconds >= 0, "WORKER_RETRY_BACKOFF_SECONDS", "must be >= 0")
-        _require(self.retry_backoff_max_seconds >= 0, "WORKER_RETRY_BACKOFF_MAX_SECONDS", "must be >= 0")
+        for variable in VARIABLES:  # (the plain ones' bounds)
+            if variable.field is not None and variable.bound is not None:
+                operator, number = variable.bound.split()
+                value = getattr(self, variable.field)
+                _require(value > float(number) if operator == ">" else value >= float(number), variable.names[0],
+                         f"must be {variable.bound}")
         _require(self.job_timeout is None or self.job_timeout > 0, "WORKER_JOB_TIMEOUT", "must be > 0 (0 for none)")
-        _require(self.max_lost_attempts >= 1, "WORKER_MAX_LOST_ATTEMPTS", "must be >= 1")
-        _require(self.database_timeout > 0, "AGORA_PG_DATABASE_TIMEOUT", "must be > 0")
-        _require(self.idle_transaction_timeout > 0, "AGORA_PG_IDLE_TRANSACTION_TIMEOUT", "must be > 0")
-        _require(self.claim_timeout > 0, "WORKER_CLAIM_TIMEOUT", "must be > 0")
         _require(self.health_port is None or 0 <= self.health_port <= 65535, "WORKER_HEALTH_PORT",
                  "must be a port number (0: any free port)")
-        _require(self.api_max_payload_bytes >= 1, "AGORA_PG_API_MAX_PAYLOAD_BYTES", "must be >= 1")
-        _require(self.prune_interval > 0, "AGORA_PG_PRUNE_INTERVAL", "must be > 0")
-        _require(self.api_max_connections >= 1, "AGORA_PG_API_MAX_CONNECTIONS", "must be >= 1")
-        _require(self.api_max_event_streams >= 1, "AGORA_PG_API_MAX_EVENT_STREAMS", "must be >= 1")
-        _require(self.api_max_connections_per_client >= 1, "AGORA_PG_API_MAX_CONNECTIONS_PER_CLIENT", "must be >= 1")
-        _require(self.api_read_timeout > 0, "AGORA_PG_API_READ_TIMEOUT", "must be > 0")
-        _require(self.api_keep_alive_seconds >= 1, "AGORA_PG_API_KEEP_ALIVE_SECONDS", "must be >= 1")
         _require(self.api_token is None or len(self.api_token) >= 16, "AGORA_PG_API_TOKEN",
                  "must be at least 16 characters")
         _require(self.api_token is None or self.api_token == self.api_token.strip(), "AGORA_PG_API_TOKEN",
@@ -120,41 +109,21 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         raise ConfigError("WORKER_NOTIFICATIONS", "LISTEN does not work through a transaction pooler: set "
                           "AGORA_PG_LISTEN_DATABASE_URL to the server (or a session-mode pool), or "
                           "WORKER_NOTIFICATIONS=off")
+    plain = {variable.field: variable.read(env, variable.names[0], getattr(defaults, variable.field))
+             for variable in VARIABLES if variable.field is not None and variable.read is not None}
     return Settings(
+        **plain,
         database_url=url,
         data_dir=Path(env.get("AGORA_PG_DATA_DIR") or DEFAULT_DATA_DIR),
-        poll_seconds=_float(env, "WORKER_POLL_SECONDS", defaults.poll_seconds),
-        max_retries=_int(env, "WORKER_MAX_RETRIES", defaults.max_retries),
-        concurrency=_int(env, "WORKER_CONCURRENCY", defaults.concurrency),
-        lease_seconds=_float(env, "WORKER_LEASE_SECONDS", defaults.lease_seconds),
         queues=parse_queues(env.get("WORKER_QUEUES", "default"), key="WORKER_QUEUES"),
         notifications=_bool(env, "WORKER_NOTIFICATIONS", notifications_default),
-        shutdown_timeout=_float(env, "WORKER_SHUTDOWN_TIMEOUT", defaults.shutdown_timeout),
-        retry_backoff_seconds=_float(env, "WORKER_RETRY_BACKOFF_SECONDS", defaults.retry_backoff_seconds),
-        retry_backoff_max_seconds=_float(
-            env, "WORKER_RETRY_BACKOFF_MAX_SECONDS", defaults.retry_backoff_max_seconds
-        ),
         job_timeout=_float(env, "WORKER_JOB_TIMEOUT", defaults.job_timeout or 0.0) or None,
-        max_lost_attempts=_int(env, "WORKER_MAX_LOST_ATTEMPTS", defaults.max_lost_attempts),
-        database_timeout=_float(env, "AGORA_PG_DATABASE_TIMEOUT", defaults.database_timeout),
-        idle_transaction_timeout=_float(env, "AGORA_PG_IDLE_TRANSACTION_TIMEOUT", defaults.idle_transaction_timeout),
-        claim_timeout=_float(env, "WORKER_CLAIM_TIMEOUT", defaults.claim_timeout),
         api_token=env.get("AGORA_PG_API_TOKEN") or None,
-        api_max_payload_bytes=_int(env, "AGORA_PG_API_MAX_PAYLOAD_BYTES", defaults.api_max_payload_bytes),
-        api_max_connections=_int(env, "AGORA_PG_API_MAX_CONNECTIONS", defaults.api_max_connections),
-        api_max_event_streams=_int(env, "AGORA_PG_API_MAX_EVENT_STREAMS", defaults.api_max_event_streams),
-        api_max_connections_per_client=_int(env, "AGORA_PG_API_MAX_CONNECTIONS_PER_CLIENT",
-                                            defaults.api_max_connections_per_client),
-        api_read_timeout=_float(env, "AGORA_PG_API_READ_TIMEOUT", defaults.api_read_timeout),
-        api_keep_alive_seconds=_int(env, "AGORA_PG_API_KEEP_ALIVE_SECONDS", defaults.api_keep_alive_seconds),
-        api_refuse_unknown_kinds=_bool(env, "AGORA_PG_API_REFUSE_UNKNOWN_KINDS", defaults.api_refuse_unknown_kinds),
         api_allowed_origins=tuple(part.strip() for part in env.get("AGORA_PG_API_ALLOWED_ORIGINS", "").split(",")
                                   if part.strip()),
         health_port=_int(env, "WORKER_HEALTH_PORT", -1) if env.get("WORKER_HEALTH_PORT", "").strip() else None,
         health_host=env.get("WORKER_HEALTH_HOST", "").strip() or None,
-        health_error_details=_bool(env, "WORKER_HEALTH_ERROR_DETAILS", False),
         retention=_retention(env),
-        prune_interval=_float(env, "AGORA_PG_PRUNE_INTERVAL", defaults.prune_interval),
         transaction_pooling=pooling,
         listen_database_url=listen_url,
         pipelines_config=Path(env["AGORA_PG_PIPELINES_CONFIG"]) if env.get("AGORA_PG_PIPELINES_CONFIG") else None,
@@ -164,11 +133,47 @@ def load_settings(env: Mapping[str, str]) -> Settings:
 @dataclasses.dataclass(frozen=True)
 class Variable:
     """An environment variable agora-pg reads: its names (the first wins), its default in
-    words, and what it does."""
+    words, and what it does; for a plain one, the ``Settings`` field it sets and how it is
+    read (``_float``, ``_int``, ``_bool``; the field's default when unset) and bounded."""
 
     names: tuple[str, ...]
     default: str
     meaning: str
+    field: str | None = None
+    read: Callable[[Mapping[str, str], str, Any], Any] | None = None
+    bound: str | None = None  # what the value must be: "> 0", ">= 1"
+
+
+def _float(env: Mapping[str, str], key: str, default: float) -> float:
+    raw = env.get(key)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigError(key, f"expected a number, got {raw!r}") from None
+
+
+def _int(env: Mapping[str, str], key: str, default: int) -> int:
+    raw = env.get(key)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(key, f"expected a whole number, got {raw!r}") from None
+
+
+def _bool(env: Mapping[str, str], key: str, default: bool) -> bool:
+    raw = env.get(key)
+    if raw is None or raw.strip() == "":
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ConfigError(key, f"expected on or off, got {raw!r}")
 
 
 VARIABLES: tuple[Variable, ...] = (
@@ -178,57 +183,64 @@ VARIABLES: tuple[Variable, ...] = (
     Variable(("WORKER_CONCURRENCY",), "10",
              "jobs one worker process holds at once (`--concurrency`): a job's slot is free again once its "
              "outcome is written, not when its handler returns, so a worker's memory and the finished but "
-             "unrecorded work a crash would run again are bounded by it"),
+             "unrecorded work a crash would run again are bounded by it", "concurrency", _int, ">= 1"),
     Variable(("WORKER_QUEUES",), "`default`", "comma-separated queues to take jobs from (`--queues`)"),
-    Variable(("WORKER_POLL_SECONDS",), "1.0", "poll interval when no notification arrives"),
-    Variable(("WORKER_MAX_RETRIES",), "3", "`max_retries` of jobs enqueued without one"),
+    Variable(("WORKER_POLL_SECONDS",), "1.0", "poll interval when no notification arrives",
+             "poll_seconds", _float, "> 0"),
+    Variable(("WORKER_MAX_RETRIES",), "3", "`max_retries` of jobs enqueued without one", "max_retries", _int, ">= 0"),
     Variable(("WORKER_LEASE_SECONDS",), "30",
              "a worker's lease on its running jobs (and a pipeline run's); a silent worker's jobs are "
-             "rescued after it"),
+             "rescued after it", "lease_seconds", _float, ">= 1"),
     Variable(("WORKER_NOTIFICATIONS",), "`on`", "`off` stops workers from using `LISTEN` (polling only)"),
-    Variable(("WORKER_SHUTDOWN_TIMEOUT",), "30", "seconds running jobs get after SIGTERM"),
-    Variable(("WORKER_RETRY_BACKOFF_SECONDS",), "2", "delay before the first retry"),
-    Variable(("WORKER_RETRY_BACKOFF_MAX_SECONDS",), "3600", "cap of the exponential retry delay"),
+    Variable(("WORKER_SHUTDOWN_TIMEOUT",), "30", "seconds running jobs get after SIGTERM",
+             "shutdown_timeout", _float, ">= 0"),
+    Variable(("WORKER_RETRY_BACKOFF_SECONDS",), "2", "delay before the first retry",
+             "retry_backoff_seconds", _float, ">= 0"),
+    Variable(("WORKER_RETRY_BACKOFF_MAX_SECONDS",), "3600", "cap of the exponential retry delay",
+             "retry_backoff_max_seconds", _float, ">= 0"),
     Variable(("WORKER_JOB_TIMEOUT",), "900",
              "seconds an attempt may run unless its kind or the job says otherwise; `0` for none"),
     Variable(("WORKER_MAX_LOST_ATTEMPTS",), "3",
              "lost attempts (worker gone, lease lost, cut short at shutdown) after which a job fails, apart "
-             "from `max_retries`"),
+             "from `max_retries`", "max_lost_attempts", _int, ">= 1"),
     Variable(("AGORA_PG_DATABASE_TIMEOUT",), "30",
              "deadline, in seconds, of every database call agora-pg makes (a call past it counts as a lost "
-             "connection)"),
+             "connection)", "database_timeout", _float, "> 0"),
     Variable(("AGORA_PG_IDLE_TRANSACTION_TIMEOUT",), "10",
              "seconds after which the server ends a session of agora-pg's left idle inside a transaction (a "
              "process frozen or cut off mid-claim), releasing its locks; at most half of `WORKER_LEASE_SECONDS`, "
-             "not set through a transaction pooler"),
+             "not set through a transaction pooler", "idle_transaction_timeout", _float, "> 0"),
     Variable(("WORKER_CLAIM_TIMEOUT",), "5",
              "seconds after which a worker cancels a claim that has not answered (the server rolls it back, "
-             "with its locks); at most half of `WORKER_LEASE_SECONDS`"),
+             "with its locks); at most half of `WORKER_LEASE_SECONDS`", "claim_timeout", _float, "> 0"),
     Variable(("AGORA_PG_API_TOKEN",), "none",
              "bearer token the API requires (16+ characters, 8+ different ones); without it the API has no "
              "authentication and answers only this machine"),
     Variable(("AGORA_PG_API_MAX_PAYLOAD_BYTES",), "1048576",
-             "largest job payload `POST /jobs` accepts, as JSON (413 above it)"),
+             "largest job payload `POST /jobs` accepts, as JSON (413 above it)", "api_max_payload_bytes", _int, ">= 1"),
     Variable(("AGORA_PG_API_REFUSE_UNKNOWN_KINDS",), "`off`",
              "`on`: `POST /jobs` answers 400 for a kind the API's worker module (`--module`) does not register, "
-             "instead of storing a job no worker may handle"),
+             "instead of storing a job no worker may handle", "api_refuse_unknown_kinds", _bool),
     Variable(("AGORA_PG_API_ALLOWED_ORIGINS",), "none",
              "comma-separated origins (`http://localhost:3000`) whose pages may call an API that has no "
              "token; others get 403"),
     Variable(("AGORA_PG_API_MAX_CONNECTIONS",), "1000",
-             "connections and requests `agora-pg api` serves at once; past it, 503"),
+             "connections and requests `agora-pg api` serves at once; past it, 503",
+             "api_max_connections", _int, ">= 1"),
     Variable(("AGORA_PG_API_MAX_EVENT_STREAMS",), "100",
              "`GET /events` streams open at once on one API process, and never more than half of "
              "`AGORA_PG_API_MAX_CONNECTIONS` (each holds a connection for as long as it lasts); past it, 503 with "
-             "`Retry-After`, and the other requests keep their slots"),
+             "`Retry-After`, and the other requests keep their slots", "api_max_event_streams", _int, ">= 1"),
     Variable(("AGORA_PG_API_MAX_CONNECTIONS_PER_CLIENT",), "100",
              "connections `agora-pg api` holds at once for one client address; past it, the client's oldest "
              "idle connection is closed, or (none idle) the new one gets 503 with `Retry-After`. Behind a "
-             "reverse proxy every client has the proxy's address: set it to `AGORA_PG_API_MAX_CONNECTIONS`"),
+             "reverse proxy every client has the proxy's address: set it to `AGORA_PG_API_MAX_CONNECTIONS`",
+             "api_max_connections_per_client", _int, ">= 1"),
     Variable(("AGORA_PG_API_READ_TIMEOUT",), "10",
              "seconds a connection of `agora-pg api` has to send a whole request (headers and body) before "
-             "it is closed"),
-    Variable(("AGORA_PG_API_KEEP_ALIVE_SECONDS",), "5", "seconds an idle keep-alive connection stays open"),
+             "it is closed", "api_read_timeout", _float, "> 0"),
+    Variable(("AGORA_PG_API_KEEP_ALIVE_SECONDS",), "5", "seconds an idle keep-alive connection stays open",
+             "api_keep_alive_seconds", _int, ">= 1"),
     Variable(("WORKER_HEALTH_PORT",), "the code's",
              "a WorkerPool's health server port, over the `health_port` given in code or config "
              "(`--health-port`; 0: any free port)"),
@@ -236,13 +248,14 @@ VARIABLES: tuple[Variable, ...] = (
              "the address of a WorkerPool's health server (`--health-host`; containers: `0.0.0.0`)"),
     Variable(("WORKER_HEALTH_ERROR_DETAILS",), "`off`",
              "`on`: the health server (which has no login) shows pipelines' raw error texts, not only their "
-             "types"),
+             "types", "health_error_details", _bool),
     Variable(("AGORA_PG_PRUNE_AFTER",), "`30d`",
              "age after which workers delete done and cancelled jobs (with their runs), pipeline runs and "
              "replayed dead letters; `off` keeps all"),
     Variable(("AGORA_PG_PRUNE_FAILED_AFTER",), "`90d`",
              "the same for jobs that failed for good (never shorter than `AGORA_PG_PRUNE_AFTER`)"),
-    Variable(("AGORA_PG_PRUNE_INTERVAL",), "600", "seconds between a worker's pruning rounds"),
+    Variable(("AGORA_PG_PRUNE_INTERVAL",), "600", "seconds between a worker's pruning rounds",
+             "prune_interval", _float, "> 0"),
     Variable(("AGORA_PG_TRANSACTION_POOLING",), "`off`",
              "`on` when the database URL goes through a pooler in transaction mode (PgBouncer's "
              "`pool_mode = transaction`): no prepared statement outlives a transaction, and every statement "
@@ -300,35 +313,3 @@ def parse_queues(text: str, *, key: str) -> tuple[str, ...]:
 def _require(condition: bool, key: str, problem: str) -> None:
     if not condition:
         raise ConfigError(key, problem)
-
-
-def _float(env: Mapping[str, str], key: str, default: float) -> float:
-    raw = env.get(key)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ConfigError(key, f"expected a number, got {raw!r}") from None
-
-
-def _int(env: Mapping[str, str], key: str, default: int) -> int:
-    raw = env.get(key)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ConfigError(key, f"expected a whole number, got {raw!r}") from None
-
-
-def _bool(env: Mapping[str, str], key: str, default: bool) -> bool:
-    raw = env.get(key)
-    if raw is None or raw.strip() == "":
-        return default
-    value = raw.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise ConfigError(key, f"expected on or off, got {raw!r}")

@@ -36,12 +36,9 @@ async def stream_events(
     State changes carry an ``id``: a client that reconnects with ``Last-Event-ID`` (or
     ``since``) gets the changes it missed first, from the tables (a few may repeat);
     progress is live only. A ``ping`` event comes at least every 15 s."""
-    filters = EventFilter(
-        job_id=params.job_id_filter(job_id),
-        kind=params.text_filter("kind", kind),
-        queue=params.text_filter("queue", queue),
-        pipeline_id=params.text_filter("pipeline_id", pipeline_id),
-    )
+    filters = EventFilter(job_id=params.job_id_filter(job_id), kind=params.text_filter("kind", kind),
+                          queue=params.text_filter("queue", queue),
+                          pipeline_id=params.text_filter("pipeline_id", pipeline_id))
     last_event_id = request.headers.get("last-event-id")
     field, cursor = ("Last-Event-ID", last_event_id) if last_event_id else ("since", since)
     start = None

@@ -43,10 +43,6 @@ async def downgrade(store: Store, revision: str) -> None:
     await _run(store, lambda config: command.downgrade(config, revision))
 
 
-async def is_at_head(store: Store) -> bool:
-    return await store.schema_versions() == head_revisions()
-
-
 async def _run(store: Store, operation: Callable[[Config], None]) -> None:
     def run(connection: Connection) -> None:
         config = alembic_config()

@@ -34,17 +34,9 @@ class ScheduleTable:
         self._store = store
 
     async def upsert(self, registration: ScheduleRegistration) -> ScheduleRow:
-        rows = await self._store.fetch(
-            queries.UPSERT_SCHEDULE,
-            registration.pipeline_id,
-            registration.kind,
-            registration.spec,
-            registration.first_run_at,
-            registration.error_backoff_seconds,
-            registration.max_consecutive_errors,
-            registration.new_launch,
-            registration.job_kind,
-        )
+        r = registration
+        rows = await self._store.fetch(queries.UPSERT_SCHEDULE, r.pipeline_id, r.kind, r.spec, r.first_run_at,
+                                       r.error_backoff_seconds, r.max_consecutive_errors, r.new_launch, r.job_kind)
         return ScheduleRow.from_row(rows[0])
 
     async def launch_once_again(self, pipeline_id: str, spec: str) -> ScheduleRow | None:

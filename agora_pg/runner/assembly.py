@@ -60,13 +60,9 @@ def scheduled_pipeline(config: PipelineConfig) -> ScheduledPipeline:
     async def factory() -> BuiltPipeline:
         return build_pipeline(config)
 
-    return ScheduledPipeline(
-        factory=factory,
-        schedule=config.schedule,
-        pipeline_id=config.id,
-        error_backoff_seconds=config.error_backoff_seconds,
-        max_consecutive_errors=config.max_consecutive_errors,
-    )
+    return ScheduledPipeline(factory=factory, schedule=config.schedule, pipeline_id=config.id,
+                             error_backoff_seconds=config.error_backoff_seconds,
+                             max_consecutive_errors=config.max_consecutive_errors)
 
 
 def periodic_job(config: PeriodicJobConfig) -> PeriodicJob:

@@ -64,17 +64,11 @@ class PipelineStatus:
     def of(cls, pipeline_id: str, row: ScheduleRow | None, running: bool = False,
            deleted: bool = False) -> PipelineStatus:
         """The status a schedule row says (None: not read yet, or ``deleted``)."""
-        return cls(
-            pipeline_id=pipeline_id,
-            state="deleted" if deleted else row.state if row else "starting",
-            running=running,
-            next_run_at=row.next_run_at if row else None,
-            last_started_at=row.last_started_at if row else None,
-            last_finished_at=row.last_finished_at if row else None,
-            last_status=row.last_status if row else None,
-            consecutive_errors=row.consecutive_errors if row else 0,
-            last_error=row.last_error if row else None,
-        )
+        state = "deleted" if deleted else row.state if row else "starting"
+        if row is None:
+            return cls(pipeline_id, state, running, None, None, None, None, 0, None)
+        return cls(pipeline_id, state, running, row.next_run_at, row.last_started_at, row.last_finished_at,
+                   row.last_status, row.consecutive_errors, row.last_error)
 
     def as_json(self, *, error_details: bool = False) -> dict[str, Any]:
         """The report; the last error's raw text only with ``error_details`` (it may hold

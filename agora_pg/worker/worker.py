@@ -51,8 +51,8 @@ TIMEOUT_SWEEP_SECONDS = 0.1  # how often running attempts are checked against th
 ABORT_STEP_SECONDS = 1.0  # after a second signal, unrecorded outcomes get this long, then are left
 PIPELINED_ABOVE = 100  # concurrency above which a claim takes at most half the slots
 LIMITS_REFRESH_SECONDS = 5.0  # how often a worker reads which of its kinds have a limit
-# A limited claim looks at the first max(LIMITED_SCAN, LIMITED_SCAN_PER_SLOT x slots asked)
-# due jobs of each queue, of any kind, for jobs of its limited kinds that fit their limits.
+# Of a kind taken key by key, a limited claim looks for jobs without a key among the first
+# max(LIMITED_SCAN, LIMITED_SCAN_PER_SLOT x slots asked) due jobs of each of its queues.
 LIMITED_SCAN = 100
 LIMITED_SCAN_PER_SLOT = 4
 RATE_ROOM_MARGIN = 0.002  # wake this long after a rate limit's window has room

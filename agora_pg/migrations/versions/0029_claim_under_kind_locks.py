@@ -68,11 +68,11 @@ _CLAIM_FITTING = rf"""    ), claimed AS (  -- (each row is locked and was due as
         INSERT INTO agora.kind_starts (kind, key, started_at)
         SELECT c.kind, {_KEY.format(payload="c.payload")}, c.started_at
         FROM claimed AS c JOIN agora.kind_limits AS l ON l.kind = c.kind
-        WHERE l.rate IS NOT NULL
+        WHERE kinds_rated AND l.rate IS NOT NULL  -- (not even read without a rate)
     ), queue_started AS (
         INSERT INTO agora.queue_starts (queue, started_at)
         SELECT c.queue, c.started_at FROM claimed AS c JOIN agora.queue_limits AS l ON l.queue = c.queue
-        WHERE l.rate IS NOT NULL
+        WHERE queues_rated AND l.rate IS NOT NULL
     )
     SELECT * FROM claimed"""
 
@@ -81,8 +81,9 @@ _CLAIM_FITTING = rf"""    ), claimed AS (  -- (each row is locked and was due as
 _LEAN_CLAIM = rf"""
     WITH taken AS MATERIALIZED (  -- (read after this statement's snapshot: see 0028)
         SELECT clock_timestamp() AS taken_at
-    ), queue_free AS MATERIALIZED (
+    ), queue_free AS MATERIALIZED (  -- (not even called without a limited queue)
         SELECT * FROM agora.queue_room(limited_queues, (SELECT t.taken_at FROM taken AS t))
+        WHERE cardinality(limited_queues) > 0
     ), due AS (
         SELECT best.* FROM unnest(queues) AS q(name) CROSS JOIN unnest(kinds) AS k(name)
         CROSS JOIN LATERAL (
@@ -261,8 +262,10 @@ BEGIN
         LEFT JOIN agora.kind_limits AS l ON l.kind = d.kind
     ), free AS MATERIALIZED (  -- once, whatever the row estimates (never once per due job)
         SELECT * FROM agora.limit_room(counted_kinds, (SELECT t.taken_at FROM taken AS t))
+        WHERE cardinality(counted_kinds) > 0
     ), queue_free AS MATERIALIZED (
         SELECT * FROM agora.queue_room(limited_queues, (SELECT t.taken_at FROM taken AS t))
+        WHERE cardinality(limited_queues) > 0
     ), kind_fitting AS (
         SELECT d.* FROM (
             SELECT d.*, row_number() OVER (PARTITION BY d.kind, d.key ORDER BY d.turn, d.priority DESC, d.run_at, d.id)
