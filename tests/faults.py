@@ -188,6 +188,12 @@ class PgProxy:
         return await asyncio.open_connection(self.target_host, self.target_port)
 
     async def _accept(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        try:
+            await self._serve(client_reader, client_writer)
+        except asyncio.CancelledError:  # (the proxy's loop is closing: the connection goes with it, unlogged)
+            client_writer.transport.abort()
+
+    async def _serve(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
         assert self._released is not None
         await self._released.wait()
         try:
