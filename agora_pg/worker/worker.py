@@ -36,7 +36,7 @@ from agora_pg.runtime.process import ErrorWait, check_schema, new_worker_id, war
 from agora_pg.runtime.process_metrics import PROCESS_METRICS, TALLIES, StuckThread
 from agora_pg.settings import Settings, load_settings
 from agora_pg.worker.attempts import DEFAULT_OPTIONS, Attempt, run_attempt
-from agora_pg.worker.completer import Completer
+from agora_pg.worker.completer import Completer, NextClaim
 from agora_pg.worker.context import ProgressReporter
 from agora_pg.worker.handlers import Handler, Handlers, handler_name, is_async_handler
 from agora_pg.worker.job_rescuer import JobRescuer
@@ -191,7 +191,7 @@ class _WorkerRun:
         self.resources = resources
         self.supervisor = supervisor
         self.completer = Completer(store, worker.id, settings, supervisor, random.Random(),
-                                   on_settled=self._outcomes_settled)
+                                   on_settled=self._outcomes_settled, claimer=self)
         self.progress = ProgressReporter(store, worker.id)
         self.rescuer = JobRescuer(store, settings.max_lost_attempts, settings.max_retries,
                                   lease_seconds=settings.lease_seconds)
@@ -211,6 +211,7 @@ class _WorkerRun:
         self.delayed_inserted = asyncio.Event()  # new delayed jobs: the promoter looks again
         self.claim_batch = claim_batch(settings.concurrency)
         self.claim_timeout = min(settings.claim_timeout, settings.lease_seconds / 2)  # (cancelled past it)
+        self.claim_in_flight = False  # a claim (the loop's, or one with outcomes) is running: no second one
         self.limited_kinds: tuple[str, ...] = ()  # of known_kinds, those with a limit
         self.rated_kinds: tuple[str, ...] = ()  # of those, the ones with a rate limit
         self.limits_read_at = -LIMITS_REFRESH_SECONDS
@@ -297,11 +298,15 @@ class _WorkerRun:
                 # A slot is free once its attempt's outcome is written, not when its handler
                 # returns: memory and unrecorded work stay bounded by the concurrency.
                 free = settings.concurrency - len(self.running) - self.completer.unrecorded
-                if free > 0:
+                if free > 0 and not self.claim_in_flight:
                     limit = min(free, self.claim_batch)
                     claimed_at = time.monotonic()
                     had_suspect = self.suspects_running
-                    jobs = await self._claim(limit)
+                    self.claim_in_flight = True
+                    try:
+                        jobs = await self._claim(limit)
+                    finally:
+                        self.claim_in_flight = False
                     pause.reset()
                     self._start(await self._one_suspect_at_most(jobs), claimed_at)
                     # (a claim that took a suspect left the others behind it: the next reads past them)
@@ -353,6 +358,32 @@ class _WorkerRun:
         if len(jobs) < limit and (self.rated_kinds or self.rated_queues):
             await self._wake_at_rate_room()
         return jobs
+
+    def next_claim(self, freed: int) -> NextClaim | None:
+        """The claim to make in the statement that records successes freeing ``freed``
+        slots (the completer's ``Claimer``): the plain claim of the slots free once they
+        are written, for a worker none of whose kinds or queues has a limit, when no other
+        claim is in flight and none may have been lost."""
+        settings = self.settings
+        room = min(self.claim_batch, settings.concurrency - len(self.running) - self.completer.unrecorded + freed)
+        if (room <= 0 or self.claim_in_flight or self.worker._stopping.is_set() or self.limited_kinds
+                or self.limited_queues or self.unknown_seen or time.monotonic() < self.claim_unsure_until
+                or time.monotonic() - self.limits_read_at >= LIMITS_REFRESH_SECONDS):
+            return None
+        self.claim_in_flight = True
+        return NextClaim(settings.queues, self.known_kinds, room, settings.lease_seconds, not self.suspects_running,
+                         self.suspect_lost, self.claim_timeout)
+
+    def claim_ended(self, jobs: list[Job] | None, claimed_at: float, error: BaseException | None) -> None:
+        """Start the jobs claimed with outcomes (none once the worker stops: its shutdown
+        gives them back). A claim that failed may have committed with its reply lost:
+        the worker looks for jobs it holds unknowingly for a lease."""
+        self.claim_in_flight = False
+        if error is not None and isinstance(error, DatabaseUnavailable | asyncio.CancelledError):
+            self.claim_unsure_until = time.monotonic() + self.settings.lease_seconds
+        if jobs and not self.worker._stopping.is_set():
+            self._start(jobs, claimed_at)
+        self.worker._wakeup.set()
 
     async def _read_limits(self) -> None:
         """Which of this worker's kinds and queues have limits (any worker or config
