@@ -363,10 +363,12 @@ class _WorkerRun:
         """The claim to make in the statement that records successes freeing ``freed``
         slots (the completer's ``Claimer``): the plain claim of the slots free once they
         are written, for a worker none of whose kinds or queues has a limit, when no other
-        claim is in flight and none may have been lost."""
+        claim is in flight and none may have been lost. Not above ``PIPELINED_ABOVE``
+        slots: there a claim and a write of outcomes run side by side on two connections,
+        which drains faster than both in one statement (0.83x at 500)."""
         settings = self.settings
         room = min(self.claim_batch, settings.concurrency - len(self.running) - self.completer.unrecorded + freed)
-        if (room <= 0 or self.claim_in_flight or self.worker._stopping.is_set() or self.limited_kinds
+        if (room <= 0 or settings.concurrency > PIPELINED_ABOVE or self.claim_in_flight or self.worker._stopping.is_set() or self.limited_kinds
                 or self.limited_queues or self.unknown_seen or time.monotonic() < self.claim_unsure_until
                 or time.monotonic() - self.limits_read_at >= LIMITS_REFRESH_SECONDS):
             return None

@@ -32,6 +32,7 @@ import psutil
 from agora_pg.db.connect import Database
 from benchmarks.compare.processes import fresh_database, workers
 from benchmarks.compare.systems.base import System
+from benchmarks.compare.workloads import analyze_after_loading
 
 DRAIN_TIMEOUT = 900.0
 STATS_FLUSH_SECONDS = 1.2  # backends flush their statistics at most once a second
@@ -111,6 +112,7 @@ async def server_work_per_job(server: Database, system: System, jobs: int) -> di
     commits and rows written, and the drain rate, for one process draining ``jobs``."""
     async with fresh_database(server, system, "work") as url:
         await system.enqueue_batch(url, jobs)
+        await analyze_after_loading(url)
         connection = await asyncpg.connect(Database(url).asyncpg_url)
         try:
             postmaster_process = postmaster(await connection.fetchval("SHOW data_directory"))

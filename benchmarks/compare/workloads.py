@@ -105,8 +105,21 @@ async def drain_rate_median(server: Database, system: System, jobs: int, repeats
     return statistics.median(rates)
 
 
+async def analyze_after_loading(url: str) -> None:
+    """``ANALYZE`` the whole database, as autovacuum soon would after a load: every
+    system's planner then sees the backlog (without it, a peer planned its dequeue on an
+    empty table's statistics and sorted every queued row; agora-pg's claim plans the same
+    either way)."""
+    connection = await asyncpg.connect(Database(url).asyncpg_url)
+    try:
+        await connection.execute("ANALYZE")
+    finally:
+        await connection.close()
+
+
 async def _drain_once(system: System, url: str, jobs: int, processes: int) -> float:
     await system.enqueue_batch(url, jobs)
+    await analyze_after_loading(url)
     with workers(system, url, "drain", processes) as started:
         deadline = time.monotonic() + DRAIN_TIMEOUT
         while await system.done_count(url) < jobs:

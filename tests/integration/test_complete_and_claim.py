@@ -12,6 +12,7 @@ import pytest
 from agora_pg import Job, JobSpec, JobStatus, Queue, Settings, Worker
 from agora_pg.db.store import Store
 from agora_pg.errors import DatabaseUnavailable
+from agora_pg.worker.worker import PIPELINED_ABOVE
 
 from .helpers import serving, wait_until
 
@@ -79,6 +80,23 @@ async def test_a_worker_claims_with_its_outcomes_and_never_holds_more_than_its_c
     assert runs == {job.id: 1 for job in jobs}
 
 
+async def test_above_pipelined_concurrency_claims_and_outcomes_stay_apart(
+    queue: Queue, store: Store, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = []
+    complete_and_claim = store.jobs.complete_and_claim
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs["limit"])
+        return await complete_and_claim(*args, **kwargs)
+
+    monkeypatch.setattr(store.jobs, "complete_and_claim", counted)
+    await queue.enqueue_many([JobSpec("k", {"n": n}) for n in range(300)])
+    async with serving(Worker({"k": _noop}), store, settings.replace(concurrency=PIPELINED_ABOVE + 1)):
+        await wait_until(lambda: _all_done(store), timeout=60)
+    assert calls == []  # (a claim runs beside each write of outcomes, on another connection)
+
+
 async def test_a_lost_reply_to_outcomes_with_a_claim_loses_no_job_and_runs_none_twice(
     queue: Queue, store: Store, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -106,6 +124,10 @@ async def test_a_lost_reply_to_outcomes_with_a_claim_loses_no_job_and_runs_none_
     assert await _runs_per_job(store) == {job.id: 1 for job in jobs}
     async with store.connection() as connection:
         assert await connection.fetchval("SELECT max(lost_count) FROM agora.jobs") == 0
+
+
+async def _noop(job: Job, resources: Any) -> None:
+    return None
 
 
 async def _all_done(store: Store) -> bool:
