@@ -211,7 +211,6 @@ class _WorkerRun:
         self.delayed_inserted = asyncio.Event()  # new delayed jobs: the promoter looks again
         self.claim_batch = claim_batch(settings.concurrency)
         self.claim_timeout = min(settings.claim_timeout, settings.lease_seconds / 2)  # (cancelled past it)
-        self.claim_in_flight = False  # a claim (the loop's, or one with outcomes) is running: no second one
         self.limited_kinds: tuple[str, ...] = ()  # of known_kinds, those with a limit
         self.rated_kinds: tuple[str, ...] = ()  # of those, the ones with a rate limit
         self.limits_read_at = -LIMITS_REFRESH_SECONDS
@@ -298,15 +297,11 @@ class _WorkerRun:
                 # A slot is free once its attempt's outcome is written, not when its handler
                 # returns: memory and unrecorded work stay bounded by the concurrency.
                 free = settings.concurrency - len(self.running) - self.completer.unrecorded
-                if free > 0 and not self.claim_in_flight:
+                if free > 0:
                     limit = min(free, self.claim_batch)
                     claimed_at = time.monotonic()
                     had_suspect = self.suspects_running
-                    self.claim_in_flight = True
-                    try:
-                        jobs = await self._claim(limit)
-                    finally:
-                        self.claim_in_flight = False
+                    jobs = await self._claim(limit)
                     pause.reset()
                     self._start(await self._one_suspect_at_most(jobs), claimed_at)
                     # (a claim that took a suspect left the others behind it: the next reads past them)
@@ -361,26 +356,23 @@ class _WorkerRun:
 
     def next_claim(self, freed: int) -> NextClaim | None:
         """The claim to make in the statement that records successes freeing ``freed``
-        slots (the completer's ``Claimer``): the plain claim of the slots free once they
-        are written, for a worker none of whose kinds or queues has a limit, when no other
-        claim is in flight and none may have been lost. Not above ``PIPELINED_ABOVE``
-        slots: there a claim and a write of outcomes run side by side on two connections,
-        which drains faster than both in one statement (0.83x at 500)."""
+        slots (the completer's ``Claimer``): the plain claim of those slots (the claim loop
+        takes the others, beside it), for a worker none of whose kinds or queues has a
+        limit, when none may have been lost. It takes no suspect (the claim loop's may).
+        Not above ``PIPELINED_ABOVE`` slots: there a claim and a write of outcomes run side
+        by side on two connections, which drains faster than both in one statement."""
         settings = self.settings
-        room = min(self.claim_batch, settings.concurrency - len(self.running) - self.completer.unrecorded + freed)
-        if (room <= 0 or settings.concurrency > PIPELINED_ABOVE or self.claim_in_flight or self.worker._stopping.is_set() or self.limited_kinds
+        if (settings.concurrency > PIPELINED_ABOVE or self.worker._stopping.is_set() or self.limited_kinds
                 or self.limited_queues or self.unknown_seen or time.monotonic() < self.claim_unsure_until
                 or time.monotonic() - self.limits_read_at >= LIMITS_REFRESH_SECONDS):
             return None
-        self.claim_in_flight = True
-        return NextClaim(settings.queues, self.known_kinds, room, settings.lease_seconds, not self.suspects_running,
-                         self.suspect_lost, self.claim_timeout)
+        return NextClaim(settings.queues, self.known_kinds, min(freed, self.claim_batch), settings.lease_seconds,
+                         False, self.suspect_lost, self.claim_timeout)
 
     def claim_ended(self, jobs: list[Job] | None, claimed_at: float, error: BaseException | None) -> None:
         """Start the jobs claimed with outcomes (none once the worker stops: its shutdown
         gives them back). A claim that failed may have committed with its reply lost:
         the worker looks for jobs it holds unknowingly for a lease."""
-        self.claim_in_flight = False
         if error is not None and isinstance(error, DatabaseUnavailable | asyncio.CancelledError):
             self.claim_unsure_until = time.monotonic() + self.settings.lease_seconds
         if jobs and not self.worker._stopping.is_set():
