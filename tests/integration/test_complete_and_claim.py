@@ -12,7 +12,7 @@ import pytest
 from agora_pg import Job, JobSpec, JobStatus, Queue, Settings, Worker
 from agora_pg.db.store import Store
 from agora_pg.errors import DatabaseUnavailable
-from agora_pg.worker.worker import PIPELINED_ABOVE
+from agora_pg.worker.worker import OUTCOMES_CLAIM_UP_TO
 
 from .helpers import serving, wait_until
 
@@ -80,7 +80,7 @@ async def test_a_worker_claims_with_its_outcomes_and_never_holds_more_than_its_c
     assert runs == {job.id: 1 for job in jobs}
 
 
-async def test_above_pipelined_concurrency_claims_and_outcomes_stay_apart(
+async def test_above_a_few_slots_claims_and_outcomes_stay_apart(
     queue: Queue, store: Store, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls = []
@@ -92,9 +92,9 @@ async def test_above_pipelined_concurrency_claims_and_outcomes_stay_apart(
 
     monkeypatch.setattr(store.jobs, "complete_and_claim", counted)
     await queue.enqueue_many([JobSpec("k", {"n": n}) for n in range(300)])
-    async with serving(Worker({"k": _noop}), store, settings.replace(concurrency=PIPELINED_ABOVE + 1)):
+    async with serving(Worker({"k": _noop}), store, settings.replace(concurrency=OUTCOMES_CLAIM_UP_TO + 1)):
         await wait_until(lambda: _all_done(store), timeout=60)
-    assert calls == []  # (a claim runs beside each write of outcomes, on another connection)
+    assert calls == []  # (the claim loop claims every slot)
 
 
 async def test_a_lost_reply_to_outcomes_with_a_claim_loses_no_job_and_runs_none_twice(
