@@ -234,6 +234,8 @@ RETURNING {", ".join("j." + c.strip() for c in JOB_COLUMNS.split(","))}
 """
 
 
+_CLAIM_UPDATE = _claim_update("$3", "$4")
+
 # Claim up to $2 due jobs of the queues $1 (text[]) and the kinds $7 (text[]: the kinds
 # the worker handles; a job of another kind waits for a worker that handles it) for worker
 # $3, with a lease of $4 seconds (see _JOB_LEASE); $5, $6: whether a job with lost attempts
@@ -256,33 +258,25 @@ _QUEUE_UNLIMITED = "NOT EXISTS (SELECT FROM agora.queue_limits WHERE queue = q.n
 # WORKER_MAX_LOST_ATTEMPTS). $5 (boolean): whether this worker may take one now (it runs
 # none). A claim takes at most one, the first in claim order; without $5 it reads past
 # them. Either way the jobs behind a crowd of suspects still run, none given back.
-
-
-def _claim_jobs(queues: str, limit: str, worker: str, seconds: str, suspects: str, suspect_lost: str,
-                kinds: str) -> tuple[str, str]:
-    """The CTEs ``taken`` and ``next`` of a claim, and its UPDATE, with these parameters."""
-    ctes = f"""taken AS (
-    SELECT best.* FROM unnest({queues}::text[]) AS q(name) CROSS JOIN unnest({kinds}::text[]) AS k(name)
+_SUSPECTS_IF_ALLOWED = "(lost_count < $6 OR $5::boolean)"
+CLAIM_JOBS = f"""
+WITH taken AS (
+    SELECT best.* FROM unnest($1::text[]) AS q(name) CROSS JOIN unnest($7::text[]) AS k(name)
     CROSS JOIN LATERAL (
         SELECT id, priority, run_at, lost_count FROM agora.jobs
         WHERE ({CLAIMABLE_NOW}) AND queue = q.name AND kind = k.name AND {_QUEUE_UNLIMITED} AND {_KIND_UNLIMITED}
-          AND run_at <= now() AND (lost_count < {suspect_lost} OR {suspects}::boolean)
+          AND run_at <= now() AND {_SUSPECTS_IF_ALLOWED}
         ORDER BY priority DESC, run_at, id
-        LIMIT {limit}
+        LIMIT $2
         FOR UPDATE SKIP LOCKED
     ) AS best
     ORDER BY best.priority DESC, best.run_at, best.id
-    LIMIT {limit}
+    LIMIT $2
 ), next AS (
     SELECT id FROM taken
-    WHERE lost_count < {suspect_lost}
-       OR id = (SELECT id FROM taken WHERE lost_count >= {suspect_lost} ORDER BY priority DESC, run_at, id LIMIT 1)
-)"""
-    return ctes, _claim_update(worker, seconds)
-
-
-_CLAIM_CTES, _CLAIM_UPDATE = _claim_jobs("$1", "$2", "$3", "$4", "$5", "$6", "$7")
-CLAIM_JOBS = f"WITH {_CLAIM_CTES}\n{_CLAIM_UPDATE}"
+    WHERE lost_count < $6 OR id = (SELECT id FROM taken WHERE lost_count >= $6 ORDER BY priority DESC, run_at, id LIMIT 1)
+)
+{_CLAIM_UPDATE}"""
 
 # -- flow control ----------------------------------------------------------------
 #
@@ -511,7 +505,8 @@ _ONE_ATTEMPT = "j.run_plan IS NOT NULL"
 # report and the handler's result, JSON text or NULL); returns the ids that were still
 # theirs, and wakes the event streams (one notification per statement: PostgreSQL folds
 # identical ones of a transaction).
-_COMPLETE_CTES = f"""finished AS (
+COMPLETE_SUCCEEDED = f"""
+WITH finished AS (
     UPDATE agora.jobs AS j
     SET status = 'done', finished_at = now(), locked_by = NULL, lease_expires_at = NULL,
         cancel_requested_at = NULL, error_message = NULL  -- (earlier attempts' errors stay in their runs)
@@ -528,21 +523,11 @@ _COMPLETE_CTES = f"""finished AS (
     SELECT schedule_id, run_plan, status, started_at, 'succeeded' AS run_status, NULL AS error_message,
            false AS released, now() AS ended_at
     FROM finished
-), {_PIPELINE_RUN_ENDED}"""
-_WOKEN = "(SELECT count(*) FROM (SELECT pg_notify('agora_events', '')) AS n) + (SELECT count(*) FROM scheduled) AS woken"
-COMPLETE_SUCCEEDED = f"WITH {_COMPLETE_CTES}\nSELECT job_id, {_WOKEN} FROM recorded"
-
-# COMPLETE_SUCCEEDED and CLAIM_JOBS in one statement, one commit: a batch's outcomes and
-# the worker's next batch (the rows they touch are apart: one held by the worker, the
-# other claimable). $1-$4 as COMPLETE_SUCCEEDED's ($3 the worker); $5 the queues, $6 the
-# most to claim, $7 the lease seconds, $8, $9 and $10 the suspects allowed, their
-# threshold and the kinds, as CLAIM_JOBS's. Rows: each job claimed (claimed true, its
-# columns), then each job whose outcome was recorded (claimed false, its id).
-_CLAIM_CTES_AFTER, _CLAIM_UPDATE_AFTER = _claim_jobs("$5", "$6", "$3", "$7", "$8", "$9", "$10")
-COMPLETE_SUCCEEDED_AND_CLAIM = f"""WITH {_COMPLETE_CTES}, {_CLAIM_CTES_AFTER}, claimed AS ({_CLAIM_UPDATE_AFTER})
-SELECT true AS claimed, *, 0::bigint AS woken FROM claimed
-UNION ALL
-SELECT false, job_id, {", ".join(["NULL"] * (len(JOB_FIELDS) - 1))}, {_WOKEN} FROM recorded"""
+), {_PIPELINE_RUN_ENDED}
+SELECT job_id, (SELECT pg_notify('agora_events', '')) AS events_woken,
+       (SELECT count(*) FROM scheduled) AS schedules_woken
+FROM recorded
+"""
 
 # Record every other outcome of attempts (id, attempt) held by worker $1 (outcomes.OutcomeKind):
 #   failed:    retry_count + 1, due again after delay (delayed until then; a final failure caps
