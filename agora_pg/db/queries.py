@@ -281,17 +281,17 @@ WITH taken AS (
 # -- flow control ----------------------------------------------------------------
 #
 # Jobs a limit applies to (of a limited kind, in any queue, or of any kind in a limited
-# queue) are claimed by agora.claim_limited_jobs (migration 0028): one statement that
-# never waits on a lock. A first step reads the due jobs that fit every limit (each
-# key's, each kind's, each queue's, rates included) and takes a transaction-scoped
-# advisory lock per key and per queue it would take from, skipping those another claim
-# holds; a second, with a snapshot taken after them, counts again (at its clock, read
-# after that snapshot) and claims what still fits, stamping started_at and the starts a
-# rate counts with that instant. $1 the worker's queues (text[]), $2 the kinds it handles
-# (text[]), $3 how many due jobs of a limited kind to look at per queue, $4 the most to
-# claim, $5 the worker, $6 its lease seconds (as CLAIM_JOBS's), $7 the last key of fair
-# share the worker served (keys are visited from the next one on); each job comes with
-# its fair_key.
+# queue) are claimed by agora.claim_limited_jobs (migration 0029): one call that never
+# waits on a lock. It takes a transaction-scoped advisory lock on each limited kind and
+# queue of the worker's, leaving out those another claim holds; with a snapshot taken
+# after them it counts the room of the kinds near a limit (by key for a per-key limit)
+# and of the queues, and claims what fits in one statement, stamping started_at and the
+# starts a rate counts with its clock, read after that snapshot. $1 the worker's queues
+# (text[]), $2 the kinds it handles (text[]), $3 how many due jobs of a kind taken key by
+# key to look at per queue for jobs without a key, $4 the most to claim, $5 the worker,
+# $6 its lease seconds (as CLAIM_JOBS's), $7 the last key of fair share the worker served
+# (keys are visited from the next one on); each job comes with its fair_key. A worker
+# cancels a claim that has not answered within its WORKER_CLAIM_TIMEOUT.
 CLAIM_LIMITED_JOBS = f"""
 SELECT {JOB_COLUMNS}, fair_key FROM agora.claim_limited_jobs($1::text[], $2::text[], $3, $4, $5, $6, $7)
 """

@@ -1,5 +1,5 @@
 """The limited claim locks each limited kind and queue it takes from, then counts and
-claims in one statement: far from a limit, at the cost of the plain claim.
+claims in one statement: far from a limit, close to the cost of the plain claim.
 
 Migration 0028's claim read the due jobs twice: once to learn which keys and queues to
 lock, then, under those locks, again by id to count and claim. Each claim counted every
@@ -15,8 +15,8 @@ Now ``agora.claim_limited_jobs`` (same arguments, same rows):
 2. with the locks held, finds the kinds near a limit: the kind's running jobs, or its
    starts in the window, plus the jobs wanted, pass it. Their room is counted (by key
    for a per-key limit: no key of a kind far from its limit can reach it, so a kind
-   far from its limits takes its jobs in claim order, uncounted). Their jobs, and those
-   of a kind shared by key (``fair_by``), are taken key by key;
+   far from its limits takes its jobs in claim order, uncounted). The jobs of a kind
+   near a per-key limit, and of a kind shared by key (``fair_by``), are taken key by key;
 3. visits the keys of the first kinds, from ``after_key`` on, as before;
 4. in one statement, reads each (queue, kind) pair's first due jobs, locking them
    (``FOR UPDATE SKIP LOCKED``), counts the room of each counted kind or key and of
