@@ -159,6 +159,10 @@ async def test_sigterm_stops_a_worker_whose_database_is_silent(
     graceful = start_worker(processes, url, AGORA_PG_DATABASE_TIMEOUT="3")
     hurried = start_worker(processes, url, AGORA_PG_DATABASE_TIMEOUT="3")
     await eventually(lambda: _workers_registered(database_url, 2), 30, "both workers starting")
+    # (registered is not started: a worker declares its kinds after its row is written, and
+    # one whose declaration the silence catches stops "before it registered", with no step
+    # left for a second signal to skip; a worker LISTENs once it has started)
+    await eventually(lambda: _workers_listening(database_url, 2), 30, "both workers started")
     proxy.hold()  # nothing refused, nothing answered
     await asyncio.sleep(1.0)
     os.kill(graceful.pid, signal.SIGTERM)
@@ -179,6 +183,12 @@ async def test_sigterm_stops_a_worker_whose_database_is_silent(
 async def _registered(url: str, pid: int) -> bool:
     """The worker process ``pid`` registered (its signal handlers are in place by then)."""
     return bool(await scalar(url, "SELECT count(*) FROM agora.workers WHERE pid = $1", pid))
+
+
+async def _workers_listening(url: str, count: int) -> bool:
+    """``count`` connections to the test's database have LISTENed (one per started worker)."""
+    return await scalar(url, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                             "AND query LIKE 'LISTEN%'") == count
 
 
 async def _workers_registered(url: str, count: int) -> bool:
