@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import threading
 import time
@@ -19,6 +20,16 @@ def _hold(budget: ConnectionBudget, count: int, seconds: float, log: list[tuple[
         log.append(("end", count))
 
 
+def _asked(directory: Path, count: int) -> bool:
+    """A reservation of ``count`` slots is in ``directory`` (waiting or holding)."""
+    for path in directory.iterdir():
+        if path.name != "lock" and path.suffix != ".new":
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                if int(path.read_text().split()[2]) == count:
+                    return True
+    return False
+
+
 def test_reservations_never_exceed_the_total_and_are_served_in_order(tmp_path: Path) -> None:
     budget = ConnectionBudget(tmp_path, total=10)
     log: list[tuple[str, int]] = []
@@ -27,7 +38,10 @@ def test_reservations_never_exceed_the_total_and_are_served_in_order(tmp_path: P
         thread = threading.Thread(target=_hold, args=(budget, count, 0.3, log, str(count)))
         thread.start()
         threads.append(thread)
-        time.sleep(0.1)
+        # (each has asked before the next starts: a busy machine may run a new thread late)
+        deadline = time.monotonic() + 10
+        while not (_asked(tmp_path, count) or ("start", count) in log) and time.monotonic() < deadline:
+            time.sleep(0.01)
     for thread in threads:
         thread.join(10)
     assert [entry for entry in log if entry[0] == "start"] == [("start", 6), ("start", 8), ("start", 2)]
