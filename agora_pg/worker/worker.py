@@ -218,6 +218,7 @@ class _WorkerRun:
         self.fair_cursor: str | None = None  # the last key of fair share served: the next claim starts after it
         self.limited_queues: tuple[str, ...] = ()  # of its queues, those with limits
         self.rated_queues: tuple[str, ...] = ()  # and of those, the ones with a rate limit
+        self.unlimited_queues, self.unlimited_kinds = settings.queues, self.known_kinds  # (until limits are read)
         # the flow control its handlers declare (every kind it handles: one without any has its row removed)
         self.code_limits = {kind: options.limit() for kind, options in worker.kind_options.items()}
 
@@ -335,9 +336,7 @@ class _WorkerRun:
                 settings.queues, limit, worker.id, settings.lease_seconds, self.known_kinds,
                 scan=max(LIMITED_SCAN, LIMITED_SCAN_PER_SLOT * limit), after_key=self.fair_cursor,
                 timeout=self.claim_timeout))
-        # (a kind whose limit was removed joins this claim when the limits are next read)
-        queues = tuple(queue for queue in settings.queues if queue not in self.limited_queues)
-        kinds = tuple(kind for kind in self.known_kinds if kind not in self.limited_kinds)
+        queues, kinds = self.unlimited_queues, self.unlimited_kinds
         if len(jobs) < limit and queues and kinds:
             suspects = not self.suspects_running and not any(job.lost_count >= self.suspect_lost for job in jobs)
             try:
@@ -372,6 +371,9 @@ class _WorkerRun:
             queue_limits = await jobs.limited_queues(queues)
         self.limited_queues = tuple(queue for queue in queues if queue in queue_limits)
         self.rated_queues = tuple(queue for queue in self.limited_queues if queue_limits[queue].rate)
+        # (the plain claim's; a kind whose limit was removed joins it when the limits are next read)
+        self.unlimited_queues = tuple(queue for queue in queues if queue not in self.limited_queues)
+        self.unlimited_kinds = tuple(kind for kind in self.known_kinds if kind not in self.limited_kinds)
         self.limits_read_at = time.monotonic()
 
     async def _wake_at_rate_room(self) -> None:
