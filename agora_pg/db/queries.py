@@ -281,7 +281,7 @@ WITH taken AS (
 # -- flow control ----------------------------------------------------------------
 #
 # Jobs a limit applies to (of a limited kind, in any queue, or of any kind in a limited
-# queue) are claimed by agora.claim_limited_jobs (migration 0029): one call that never
+# queue) are claimed by agora.claim_limited_jobs (migrations 0029, 0030): one call that never
 # waits on a lock. It takes a transaction-scoped advisory lock on each limited kind and
 # queue of the worker's, leaving out those another claim holds; with a snapshot taken
 # after them it counts the room of the kinds near a limit (by key for a per-key limit)

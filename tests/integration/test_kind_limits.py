@@ -371,6 +371,19 @@ async def test_far_from_its_limit_a_per_key_kind_is_claimed_in_claim_order(queue
     assert Counter(job.payload["customer"] for job in jobs) == {"b": 5}
 
 
+async def test_the_limited_claim_is_never_jit_compiled(queue: Queue, store: Store) -> None:
+    # (its generic plans' estimates grow with the table: compiled, a 3 ms claim took 30 to 450 ms)
+    await store.jobs.declare_limits({"mail": KindLimit(5)})
+    await queue.enqueue("mail")
+    async with store.connection() as connection:
+        settings = await connection.fetch(
+            "SELECT p.proname, p.proconfig FROM pg_proc AS p JOIN pg_namespace AS n ON n.oid = p.pronamespace "
+            "WHERE n.nspname = 'agora' AND p.proname IN ('claim_limited_jobs', 'limit_room', 'queue_room')")
+    assert {row["proname"]: "jit=off" in row["proconfig"] for row in settings} == dict.fromkeys(
+        ("claim_limited_jobs", "limit_room", "queue_room"), True)
+    assert len(await _claimed(store, ["default"], 10, "w", 30, ["mail"], scan=100)) == 1
+
+
 async def test_a_claim_leaves_out_a_kind_another_claim_holds_and_never_waits(queue: Queue, store: Store) -> None:
     await store.jobs.declare_limits({"mail": KindLimit(5), "sms": KindLimit(5)})
     await queue.enqueue_many([JobSpec(kind, {}) for kind in ("mail", "sms") for _ in range(3)])
