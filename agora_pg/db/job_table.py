@@ -173,6 +173,24 @@ class JobTable:
         )
         return {row["job_id"] for row in rows}
 
+    async def complete_and_claim(
+        self, attempts: Sequence[tuple[int, int]], worker_id: str, results: Mapping[int, str], *,
+        queues: Sequence[str], limit: int, lease_seconds: float, kinds: Sequence[str], suspects: bool = True,
+        suspect_lost: int = 1, timeout: float | None = None,
+    ) -> tuple[set[int], list[Job]]:
+        """``complete_succeeded`` and ``claim`` in one statement, one commit
+        (``queries.COMPLETE_AND_CLAIM``): the ids still held whose outcome is
+        recorded, and the jobs claimed. If it raises, neither happened, or (its reply
+        lost) both did."""
+        attempts = sorted(attempts)
+        rows = await self._store.fetch(
+            queries.COMPLETE_AND_CLAIM, [a[0] for a in attempts], [a[1] for a in attempts], worker_id,
+            [results.get(a[0]) for a in attempts], list(queues), limit, float(lease_seconds), suspects,
+            suspect_lost, list(kinds), timeout=timeout,
+        )
+        claimed = [row["job"] for row in rows if row["job"] is not None]
+        return {row["recorded_id"] for row in rows if row["recorded_id"] is not None}, _in_claim_order(claimed)
+
     async def finish(
         self, finishes: Sequence[JobFinish], worker_id: str, max_lost_attempts: int, default_max_retries: int
     ) -> set[int]:
@@ -253,7 +271,7 @@ def last_key_served(keys: Set[str], after_key: str | None) -> str:
     return max(wrapped) if wrapped else max(keys)
 
 
-def _in_claim_order(rows: Sequence[asyncpg.Record]) -> list[Job]:
+def _in_claim_order(rows: Sequence[Mapping[str, Any]]) -> list[Job]:
     """Claimed rows as jobs, highest priority first, then by run_at and id (an UPDATE
     returns its rows in no particular order)."""
     return sorted((row_to_job(row) for row in rows), key=lambda job: (-job.priority, job.run_at, job.id))

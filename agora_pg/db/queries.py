@@ -7,6 +7,7 @@ same whatever JSON codec a caller's connection has installed.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from agora_pg.jobs import JOB_FIELDS
@@ -222,7 +223,7 @@ _JOB_LEASE = """CASE WHEN (SELECT w.lease_expires_at FROM agora.workers AS w WHE
                         ELSE now() + make_interval(secs => {seconds}) END"""
 
 
-def _claim_update(worker: str, seconds: str) -> str:
+def _claim_update(worker: str, seconds: str, returning: str) -> str:
     """The UPDATE that claims the rows of the CTE ``next`` for the worker (parameter) ``worker``."""
     return f"""
 UPDATE agora.jobs AS j
@@ -230,11 +231,11 @@ SET status = 'processing', started_at = now(), finished_at = NULL, locked_by = {
     lease_expires_at = {_JOB_LEASE.format(worker=worker, seconds=seconds)}, attempt = j.attempt + 1,
     cancel_requested_at = NULL, progress = NULL
 FROM next WHERE j.id = next.id
-RETURNING {", ".join("j." + c.strip() for c in JOB_COLUMNS.split(","))}
+RETURNING {returning}
 """
 
 
-_CLAIM_UPDATE = _claim_update("$3", "$4")
+_CLAIMED_COLUMNS = ", ".join("j." + c.strip() for c in JOB_COLUMNS.split(","))
 
 # Claim up to $2 due jobs of the queues $1 (text[]) and the kinds $7 (text[]: the kinds
 # the worker handles; a job of another kind waits for a worker that handles it) for worker
@@ -259,8 +260,7 @@ _QUEUE_UNLIMITED = "NOT EXISTS (SELECT FROM agora.queue_limits WHERE queue = q.n
 # none). A claim takes at most one, the first in claim order; without $5 it reads past
 # them. Either way the jobs behind a crowd of suspects still run, none given back.
 _SUSPECTS_IF_ALLOWED = "(lost_count < $6 OR $5::boolean)"
-CLAIM_JOBS = f"""
-WITH taken AS (
+_CLAIM_CTES = f"""taken AS (
     SELECT best.* FROM unnest($1::text[]) AS q(name) CROSS JOIN unnest($7::text[]) AS k(name)
     CROSS JOIN LATERAL (
         SELECT id, priority, run_at, lost_count FROM agora.jobs
@@ -275,8 +275,8 @@ WITH taken AS (
 ), next AS (
     SELECT id FROM taken
     WHERE lost_count < $6 OR id = (SELECT id FROM taken WHERE lost_count >= $6 ORDER BY priority DESC, run_at, id LIMIT 1)
-)
-{_CLAIM_UPDATE}"""
+)"""
+CLAIM_JOBS = f"WITH {_CLAIM_CTES}{_claim_update('$3', '$4', _CLAIMED_COLUMNS)}"
 
 # -- flow control ----------------------------------------------------------------
 #
@@ -505,8 +505,7 @@ _ONE_ATTEMPT = "j.run_plan IS NOT NULL"
 # report and the handler's result, JSON text or NULL); returns the ids that were still
 # theirs, and wakes the event streams (one notification per statement: PostgreSQL folds
 # identical ones of a transaction).
-COMPLETE_SUCCEEDED = f"""
-WITH finished AS (
+_COMPLETE_CTES = f"""finished AS (
     UPDATE agora.jobs AS j
     SET status = 'done', finished_at = now(), locked_by = NULL, lease_expires_at = NULL,
         cancel_requested_at = NULL, error_message = NULL  -- (earlier attempts' errors stay in their runs)
@@ -523,11 +522,40 @@ WITH finished AS (
     SELECT schedule_id, run_plan, status, started_at, 'succeeded' AS run_status, NULL AS error_message,
            false AS released, now() AS ended_at
     FROM finished
-), {_PIPELINE_RUN_ENDED}
-SELECT job_id, (SELECT pg_notify('agora_events', '')) AS events_woken,
-       (SELECT count(*) FROM scheduled) AS schedules_woken
-FROM recorded
-"""
+), {_PIPELINE_RUN_ENDED}"""
+_WAKE_EVENTS = "(SELECT pg_notify('agora_events', '')) AS events_woken, (SELECT count(*) FROM scheduled) AS schedules_woken"
+COMPLETE_SUCCEEDED = f"WITH {_COMPLETE_CTES}\nSELECT job_id, {_WAKE_EVENTS} FROM recorded"
+
+
+def _renumbered(sql: str, numbers: Sequence[int]) -> str:
+    """``sql`` with its parameter $n written ${numbers[n - 1]}."""
+    return re.sub(r"\$(\d+)", lambda match: f"${numbers[int(match.group(1)) - 1]}", sql)
+
+
+# COMPLETE_SUCCEEDED, then CLAIM_JOBS, in one call: one round trip and one commit for a
+# batch's successes and the worker's next batch (the rows they touch are apart: one set
+# held by the worker, the other claimable). It is the PL/pgSQL function
+# agora.complete_and_claim, which migrations create from this text (a test holds the
+# latest one to it), so that its plans are made once per session: as one statement,
+# planned at each call, the two cost more than the commit they save. Its arguments are
+# COMPLETE_SUCCEEDED's $1-$4, then CLAIM_JOBS's $1, $2, $4, $5, $6 and $7 as $5-$10 ($3,
+# the worker, is both's). Rows: (job id, NULL) for each outcome recorded, then (NULL, the
+# job) for each job claimed. Either both commit or neither does.
+COMPLETE_AND_CLAIM_FUNCTION = f"""CREATE OR REPLACE FUNCTION agora.complete_and_claim(
+    bigint[], integer[], text, text[], text[], integer, double precision, boolean, integer, text[]
+) RETURNS TABLE (recorded_id bigint, job agora.jobs) LANGUAGE plpgsql VOLATILE SET jit = off AS $function$
+BEGIN
+    IF cardinality($1) > 0 THEN
+        RETURN QUERY WITH {_COMPLETE_CTES}
+        SELECT r.job_id, NULL::agora.jobs FROM recorded AS r, (SELECT {_WAKE_EVENTS}) AS woken;
+    END IF;
+    IF $6 > 0 THEN
+        RETURN QUERY WITH {_renumbered(_CLAIM_CTES, [5, 6, 3, 7, 8, 9, 10])}, claimed AS ({_claim_update("$3", "$7", "j.*")})
+        SELECT NULL::bigint, claimed::agora.jobs FROM claimed;
+    END IF;
+END
+$function$"""
+COMPLETE_AND_CLAIM = "SELECT recorded_id, job FROM agora.complete_and_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
 
 # Record every other outcome of attempts (id, attempt) held by worker $1 (outcomes.OutcomeKind):
 #   failed:    retry_count + 1, due again after delay (delayed until then; a final failure caps

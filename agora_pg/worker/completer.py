@@ -2,7 +2,8 @@
 
 The one door every attempt leaves by: ``add(attempt, outcome)``. Successes are
 written in one statement, every other outcome in another (``FINISH_JOBS``), each
-fenced on the attempt. An outcome is kept, and its lease renewed, until it is
+fenced on the attempt. The statement of successes also claims the worker's next jobs
+when its ``Claimer`` asks (one round trip and one commit for both). An outcome is kept, and its lease renewed, until it is
 written; then its lease token is released. A statement that fails on its data
 (which ``outcomes`` makes all but impossible) is split, and an outcome that still
 cannot be stored is written in a minimal form, so one bad outcome never loses the
@@ -15,11 +16,14 @@ import asyncio
 import dataclasses
 import logging
 import random
+import time
 from collections.abc import Callable
+from typing import Protocol
 
 from agora_pg.db.job_rows import JobFinish
 from agora_pg.db.store import Store
 from agora_pg.errors import DatabaseUnavailable
+from agora_pg.jobs import Job
 from agora_pg.outcomes import MAX_ERROR_MESSAGE, Outcome, OutcomeKind, storable_text
 from agora_pg.retry import BackoffPolicy, decide
 from agora_pg.runtime.leases import LeaseSupervisor
@@ -34,6 +38,29 @@ log = logging.getLogger("agora_pg.worker")
 class FlushResult:
     written: int
     superseded: list[int]  # job ids whose attempt had been taken over meanwhile
+
+
+@dataclasses.dataclass(frozen=True)
+class NextClaim:
+    """The claim a statement of successes makes too (``JobTable.claim``'s arguments)."""
+
+    queues: tuple[str, ...]
+    kinds: tuple[str, ...]
+    limit: int
+    lease_seconds: float
+    suspects: bool
+    suspect_lost: int
+    timeout: float
+
+
+class Claimer(Protocol):
+    """The worker, as the completer claims for it."""
+
+    def next_claim(self, freed: int) -> NextClaim | None:
+        """The claim to make with successes that free ``freed`` slots; None: none."""
+
+    def claim_ended(self, jobs: list[Job] | None, claimed_at: float, error: BaseException | None) -> None:
+        """The claimed jobs (None, with ``error``: the statement failed, or its reply was lost)."""
 
 
 # The run status each outcome this worker writes leaves (a lost attempt's, "abandoned",
@@ -54,6 +81,7 @@ class Completer:
         supervisor: LeaseSupervisor | None,
         rng: random.Random,
         on_settled: Callable[[list[Attempt]], None] | None = None,
+        claimer: Claimer | None = None,
     ) -> None:
         self._store = store
         self._worker_id = worker_id
@@ -63,6 +91,7 @@ class Completer:
         self._supervisor = supervisor
         self._rng = rng
         self._on_settled = on_settled
+        self._claimer = claimer
         self._pending: list[Attempt] = []  # finished attempts, each with its outcome
         self._writing = 0  # outcomes in the statement being written now
         self.has_pending = asyncio.Event()
@@ -165,12 +194,30 @@ class Completer:
             else:
                 others.append(self._finish_row(attempt, attempt.outcome))
         written: set[int] = set()
-        if successes:
+        claim = self._claimer.next_claim(len(successes)) if successes and self._claimer is not None else None
+        if claim is not None:
+            written |= await self._complete_and_claim(successes, results, claim)
+        elif successes:
             written |= await self._store.jobs.complete_succeeded(successes, self._worker_id, results)
         if others:
             written |= await self._store.jobs.finish(
                 others, self._worker_id, self._max_lost_attempts, self._default_max_retries
             )
+        return written
+
+    async def _complete_and_claim(self, successes: list[tuple[int, int]], results: dict[int, str],
+                                  claim: NextClaim) -> set[int]:
+        assert self._claimer is not None
+        claimed_at = time.monotonic()
+        try:
+            written, jobs = await self._store.jobs.complete_and_claim(
+                successes, self._worker_id, results, queues=claim.queues, limit=claim.limit,
+                lease_seconds=claim.lease_seconds, kinds=claim.kinds, suspects=claim.suspects,
+                suspect_lost=claim.suspect_lost, timeout=claim.timeout)
+        except BaseException as error:
+            self._claimer.claim_ended(None, claimed_at, error)
+            raise
+        self._claimer.claim_ended(jobs, claimed_at, None)
         return written
 
     async def _write_alone(self, attempt: Attempt) -> set[int]:
