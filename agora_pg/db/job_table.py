@@ -178,7 +178,7 @@ class JobTable:
         queues: Sequence[str], limit: int, lease_seconds: float, kinds: Sequence[str], suspects: bool = True,
         suspect_lost: int = 1, timeout: float | None = None,
     ) -> tuple[set[int], list[Job]]:
-        """``complete_succeeded`` and ``claim`` in one statement, one commit
+        """``complete_succeeded`` and ``claim`` in one call, one commit
         (``queries.COMPLETE_AND_CLAIM``): the ids still held whose outcome is
         recorded, and the jobs claimed. If it raises, neither happened, or (its reply
         lost) both did."""

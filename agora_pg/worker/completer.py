@@ -2,9 +2,10 @@
 
 The one door every attempt leaves by: ``add(attempt, outcome)``. Successes are
 written in one statement, every other outcome in another (``FINISH_JOBS``), each
-fenced on the attempt. The statement of successes also claims the worker's next jobs
-when its ``Claimer`` asks (one round trip and one commit for both). An outcome is kept, and its lease renewed, until it is
-written; then its lease token is released. A statement that fails on its data
+fenced on the attempt. The call that writes successes also claims the worker's next
+jobs when its ``Claimer`` asks (``agora.complete_and_claim``: one round trip and one
+commit for both). An outcome is kept, and its lease renewed, until it is written;
+then its lease token is released. A statement that fails on its data
 (which ``outcomes`` makes all but impossible) is split, and an outcome that still
 cannot be stored is written in a minimal form, so one bad outcome never loses the
 others or stops the worker.
@@ -42,7 +43,7 @@ class FlushResult:
 
 @dataclasses.dataclass(frozen=True)
 class NextClaim:
-    """The claim a statement of successes makes too (``JobTable.claim``'s arguments)."""
+    """The claim the call that writes successes makes too (``JobTable.claim``'s arguments)."""
 
     queues: tuple[str, ...]
     kinds: tuple[str, ...]
@@ -60,7 +61,7 @@ class Claimer(Protocol):
         """The claim to make with successes that free ``freed`` slots; None: none."""
 
     def claim_ended(self, jobs: list[Job] | None, claimed_at: float, error: BaseException | None) -> None:
-        """The claimed jobs (None, with ``error``: the statement failed, or its reply was lost)."""
+        """The claimed jobs (None, with ``error``: the call failed, or its reply was lost)."""
 
 
 # The run status each outcome this worker writes leaves (a lost attempt's, "abandoned",

@@ -359,7 +359,7 @@ class _WorkerRun:
         return jobs
 
     def next_claim(self, freed: int) -> NextClaim | None:
-        """The claim to make in the statement that records successes freeing ``freed``
+        """The claim to make in the call that records successes freeing ``freed``
         slots (the completer's ``Claimer``): the plain claim of those slots (the claim loop
         takes the others, beside it), for a worker none of whose kinds or queues has a
         limit, when none may have been lost, up to ``OUTCOMES_CLAIM_UP_TO`` slots. It takes
