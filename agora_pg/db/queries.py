@@ -230,7 +230,7 @@ UPDATE agora.jobs AS j
 SET status = 'processing', started_at = now(), finished_at = NULL, locked_by = {worker},
     lease_expires_at = {_JOB_LEASE.format(worker=worker, seconds=seconds)}, attempt = j.attempt + 1,
     cancel_requested_at = NULL, progress = NULL
-FROM next WHERE j.id = next.id
+WHERE j.id = ANY(ARRAY(SELECT next.id FROM next))  -- (by the primary key, whatever the estimates)
 RETURNING {returning}
 """
 
@@ -537,13 +537,17 @@ def _renumbered(sql: str, numbers: Sequence[int]) -> str:
 # held by the worker, the other claimable). It is the PL/pgSQL function
 # agora.complete_and_claim, which migrations create from this text (a test holds the
 # latest one to it), so that its plans are made once per session: as one statement,
-# planned at each call, the two cost more than the commit they save. Its arguments are
+# planned at each call, the two cost more than the commit they save. Those plans are
+# generic (made before any argument is known) and never sequential scans: a plan made
+# while the table was empty or its statistics stale would otherwise scan the jobs at
+# every call for the rest of the session. No estimate can make them compile (JIT). Its arguments are
 # COMPLETE_SUCCEEDED's $1-$4, then CLAIM_JOBS's $1, $2, $4, $5, $6 and $7 as $5-$10 ($3,
 # the worker, is both's). Rows: (job id, NULL) for each outcome recorded, then (NULL, the
 # job) for each job claimed. Either both commit or neither does.
 COMPLETE_AND_CLAIM_FUNCTION = f"""CREATE OR REPLACE FUNCTION agora.complete_and_claim(
     bigint[], integer[], text, text[], text[], integer, double precision, boolean, integer, text[]
-) RETURNS TABLE (recorded_id bigint, job agora.jobs) LANGUAGE plpgsql VOLATILE SET jit = off AS $function$
+) RETURNS TABLE (recorded_id bigint, job agora.jobs) LANGUAGE plpgsql VOLATILE
+SET jit = off SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $function$
 BEGIN
     IF cardinality($1) > 0 THEN
         RETURN QUERY WITH {_COMPLETE_CTES}

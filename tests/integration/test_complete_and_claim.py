@@ -102,6 +102,31 @@ async def test_the_function_in_the_database_is_the_one_the_code_builds(store: St
     assert body in definition
 
 
+async def test_its_plans_made_on_an_empty_table_read_by_index_once_the_table_has_grown(store: Store) -> None:
+    # (its plans are made once per session, before the arguments are known: a plan made
+    # while the table was empty must not scan the jobs when they are many)
+    plans: list[str] = []
+    call = ("SELECT count(*) FROM agora.complete_and_claim($1::bigint[], $2::int[], 'w', $3::text[], "
+            "'{default}', 10, 30, true, 2, '{k}')")
+    async with store.connection() as connection:
+        await connection.execute("INSERT INTO agora.workers (id, hostname, pid) VALUES ('w', 'h', 1)")
+        await connection.execute("LOAD 'auto_explain'")
+        await connection.execute("SET auto_explain.log_min_duration = 0; SET auto_explain.log_nested_statements = on; "
+                                 "SET auto_explain.log_level = notice")
+        connection.add_log_listener(lambda _connection, message: plans.append(message.message))
+        await connection.fetchval(call, [], [], [])  # (planned on an empty table)
+        await connection.execute("INSERT INTO agora.jobs (name, kind) SELECT 'k', 'k' FROM generate_series(1, 20000)")
+        plans.clear()
+        assert await connection.fetchval(call, [], [], []) == 10
+        ids = await connection.fetch("SELECT id, attempt FROM agora.jobs WHERE status = 'processing'")
+        assert await connection.fetchval(call, [r["id"] for r in ids], [r["attempt"] for r in ids],
+                                         [None] * len(ids)) == 20  # (10 recorded, 10 claimed)
+        await connection.execute("SET auto_explain.log_min_duration = -1")
+    nested = [plan for plan in plans if "agora.jobs" in plan and "complete_and_claim($1" not in plan]
+    assert len(nested) >= 3, plans  # the claim, then the outcomes and the claim
+    assert not any("Seq Scan on jobs" in plan for plan in nested), nested
+
+
 async def test_above_a_hundred_slots_claims_and_outcomes_stay_apart(
     queue: Queue, store: Store, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:

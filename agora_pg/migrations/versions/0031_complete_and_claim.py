@@ -31,7 +31,7 @@ down_revision = "0030"
 branch_labels = None
 depends_on = None
 
-COMPLETE_AND_CLAIM_SHA256 = "b5e421ada89555c1f1cfa98dabdeceac5677f348df111ed685b5fa86f4ed707f"
+COMPLETE_AND_CLAIM_SHA256 = "9689a9afedcafdccbf48aee637deed4839abca61da7b5bb274380b4137c171b8"
 COMMENT = ("A worker''s batch of successes recorded (COMPLETE_SUCCEEDED) and its next batch claimed (CLAIM_JOBS) "
            "in one transaction; rows: (job id, NULL) per outcome recorded, then (NULL, job) per job claimed.")
 SIGNATURE = ("agora.complete_and_claim(bigint[], integer[], text, text[], text[], integer, double precision, "
