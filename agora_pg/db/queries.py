@@ -540,10 +540,10 @@ def _renumbered(sql: str, numbers: Sequence[int]) -> str:
 # planned at each call, the two cost more than the commit they save. Those plans are
 # generic (made before any argument is known) and never sequential scans: a plan made
 # while the table was empty or its statistics stale would otherwise scan the jobs at
-# every call for the rest of the session. No estimate can make them compile (JIT). Its arguments are
-# COMPLETE_SUCCEEDED's $1-$4, then CLAIM_JOBS's $1, $2, $4, $5, $6 and $7 as $5-$10 ($3,
-# the worker, is both's). Rows: (job id, NULL) for each outcome recorded, then (NULL, the
-# job) for each job claimed. Either both commit or neither does.
+# every call for the rest of the session. No estimate can make them compile (JIT). Its
+# arguments are COMPLETE_SUCCEEDED's $1-$4, then CLAIM_JOBS's $1, $2, $4, $5, $6 and $7
+# as $5-$10 ($3, the worker, is both's). Rows: (job id, NULL) for each outcome recorded,
+# then (NULL, the job) for each job claimed. Either both commit or neither does.
 COMPLETE_AND_CLAIM_FUNCTION = f"""CREATE OR REPLACE FUNCTION agora.complete_and_claim(
     bigint[], integer[], text, text[], text[], integer, double precision, boolean, integer, text[]
 ) RETURNS TABLE (recorded_id bigint, job agora.jobs) LANGUAGE plpgsql VOLATILE
