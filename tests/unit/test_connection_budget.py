@@ -13,9 +13,12 @@ import pytest
 from tests.connection_budget import ConnectionBudget
 
 
-def _hold(budget: ConnectionBudget, count: int, seconds: float, log: list[tuple[str, int]], name: str) -> None:
+def _hold(budget: ConnectionBudget, count: int, seconds: float, log: list[tuple[str, int]], name: str,
+          release: threading.Event | None = None) -> None:
     with budget.reserve(count):
         log.append(("start", count))
+        if release is not None:
+            release.wait(10)
         time.sleep(seconds)
         log.append(("end", count))
 
@@ -34,17 +37,24 @@ def test_reservations_never_exceed_the_total_and_are_served_in_order(tmp_path: P
     budget = ConnectionBudget(tmp_path, total=10)
     log: list[tuple[str, int]] = []
     threads = []
-    for count in (6, 8, 2):  # 8 waits for 6; 2 would fit beside 6 but asked after 8
-        thread = threading.Thread(target=_hold, args=(budget, count, 0.3, log, str(count)))
+    asked_all = threading.Event()  # 6 holds until all three have asked
+    # 8 waits for 6; 3 would fit beside 6 but asked after 8, and does not fit beside 8: it
+    # starts after 8 has ended, whatever the timing (with 2, which fits beside 8, the two
+    # could start together, and the log would show them in either order)
+    for count in (6, 8, 3):
+        thread = threading.Thread(target=_hold, args=(budget, count, 0.1, log, str(count),
+                                                       asked_all if count == 6 else None))
         thread.start()
         threads.append(thread)
         # (each has asked before the next starts: a busy machine may run a new thread late)
         deadline = time.monotonic() + 10
         while not (_asked(tmp_path, count) or ("start", count) in log) and time.monotonic() < deadline:
             time.sleep(0.01)
+    time.sleep(0.2)  # (3 would take its slots now, beside 6, if it did not wait its turn)
+    asked_all.set()
     for thread in threads:
-        thread.join(10)
-    assert [entry for entry in log if entry[0] == "start"] == [("start", 6), ("start", 8), ("start", 2)]
+        thread.join(15)
+    assert [entry for entry in log if entry[0] == "start"] == [("start", 6), ("start", 8), ("start", 3)]
     held = 0
     for event, count in log:
         held += count if event == "start" else -count
