@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -88,7 +87,7 @@ def test_the_latest_migration_of_the_function_creates_the_text_the_code_builds()
     # (change COMPLETE_SUCCEEDED or CLAIM_JOBS, and a new migration must create the function
     # again, recording the new text's hash: databases migrated before keep the old one)
     recorded = [module.COMPLETE_AND_CLAIM_SHA256 for module in map(migration, sorted(
-        path.stem for path in Path(VERSIONS).glob("[0-9]*.py"))) if hasattr(module, "COMPLETE_AND_CLAIM_SHA256")]
+        path.stem for path in VERSIONS.glob("[0-9]*.py"))) if hasattr(module, "COMPLETE_AND_CLAIM_SHA256")]
     assert recorded, "no migration creates agora.complete_and_claim"
     assert hashlib.sha256(queries.COMPLETE_AND_CLAIM_FUNCTION.encode()).hexdigest() == recorded[-1]
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import subprocess
 import threading
 import time
@@ -23,16 +22,6 @@ def _hold(budget: ConnectionBudget, count: int, seconds: float, log: list[tuple[
         log.append(("end", count))
 
 
-def _asked(directory: Path, count: int) -> bool:
-    """A reservation of ``count`` slots is in ``directory`` (waiting or holding)."""
-    for path in directory.iterdir():
-        if path.name != "lock" and path.suffix != ".new":
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                if int(path.read_text().split()[2]) == count:
-                    return True
-    return False
-
-
 def test_reservations_never_exceed_the_total_and_are_served_in_order(tmp_path: Path) -> None:
     budget = ConnectionBudget(tmp_path, total=10)
     log: list[tuple[str, int]] = []
@@ -48,7 +37,7 @@ def test_reservations_never_exceed_the_total_and_are_served_in_order(tmp_path: P
         threads.append(thread)
         # (each has asked before the next starts: a busy machine may run a new thread late)
         deadline = time.monotonic() + 10
-        while not (_asked(tmp_path, count) or ("start", count) in log) and time.monotonic() < deadline:
+        while not any(entry.count == count for entry in budget._entries()) and time.monotonic() < deadline:
             time.sleep(0.01)
     time.sleep(0.2)  # (3 would take its slots now, beside 6, if it did not wait its turn)
     asked_all.set()
