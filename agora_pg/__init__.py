@@ -9,38 +9,20 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-_EXPORTS = {
-    "AgoraError": "agora_pg.errors",
-    "ConfigError": "agora_pg.errors",
-    "DatabaseUnavailable": "agora_pg.errors",
-    "EmbeddedPostgresMissing": "agora_pg.errors",
-    "Fail": "agora_pg.errors",
-    "InvalidJob": "agora_pg.errors",
-    "InvalidTransition": "agora_pg.errors",
-    "JobFailed": "agora_pg.errors",
-    "JobNotFound": "agora_pg.errors",
-    "Retry": "agora_pg.errors",
-    "SchemaNotReady": "agora_pg.errors",
-    "connect_db": "agora_pg.db.connect",
-    "JobSpec": "agora_pg.job_spec",
-    "Job": "agora_pg.jobs",
-    "JobStatus": "agora_pg.jobs",
-    "RunStatus": "agora_pg.jobs",
-    "Queue": "agora_pg.queue",
-    "Settings": "agora_pg.settings",
-    "SyncQueue": "agora_pg.sync_queue",
-    "load_settings": "agora_pg.settings",
-    "Handler": "agora_pg.worker",
-    "Handlers": "agora_pg.worker",
-    "JobContext": "agora_pg.worker",
-    "NoJobContext": "agora_pg.worker",
-    "job_context": "agora_pg.worker",
-    "Event": "agora_pg.events.model",
-    "EventFilter": "agora_pg.events.model",
-    "KindOptions": "agora_pg.worker",
-    "UnknownJobKind": "agora_pg.worker",
-    "Worker": "agora_pg.worker",
+_MODULES = {  # (the same names as the TYPE_CHECKING imports below, which type checkers read)
+    "agora_pg.errors": ("AgoraError", "ConfigError", "DatabaseUnavailable", "EmbeddedPostgresMissing", "Fail",
+                        "InvalidJob", "InvalidTransition", "JobFailed", "JobNotFound", "Retry", "SchemaNotReady"),
+    "agora_pg.db.connect": ("connect_db",),
+    "agora_pg.job_spec": ("JobSpec",),
+    "agora_pg.jobs": ("Job", "JobStatus", "RunStatus"),
+    "agora_pg.queue": ("Queue",),
+    "agora_pg.settings": ("Settings", "load_settings"),
+    "agora_pg.sync_queue": ("SyncQueue",),
+    "agora_pg.events.model": ("Event", "EventFilter"),
+    "agora_pg.worker": ("Handler", "Handlers", "JobContext", "KindOptions", "NoJobContext", "UnknownJobKind",
+                        "Worker", "job_context"),
 }
+_EXPORTS = {name: module for module, names in _MODULES.items() for name in names}
 
 __all__ = sorted(_EXPORTS)
 

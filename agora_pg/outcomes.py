@@ -61,14 +61,6 @@ class Outcome:
     result: str | None = None  # SUCCEEDED: what the handler returned, as JSON text
     retry_at_least: float = 0.0
 
-    @property
-    def run_status(self) -> str:
-        """The ``agora.runs.status`` this outcome is recorded with."""
-        return {
-            OutcomeKind.SUCCEEDED: "succeeded", OutcomeKind.FAILED: "failed", OutcomeKind.CANCELLED: "cancelled",
-            OutcomeKind.LOST: "abandoned", OutcomeKind.RELEASED: "cancelled",
-        }[self.kind]
-
 
 SUCCEEDED = Outcome(OutcomeKind.SUCCEEDED)
 

@@ -189,6 +189,19 @@ def next_cron_tick(expression: str, timezone: str, after: datetime) -> datetime:
             return candidate
 
 
+def check_schedule_options(schedule: object, pipeline_id: object, error_backoff_seconds: float,
+                           max_consecutive_errors: int) -> None:
+    """``TypeError`` or ``ValueError`` naming the first argument of a schedule's that is wrong."""
+    if not isinstance(schedule, Schedule):
+        raise TypeError(f"schedule must be a Schedule (Schedule.every(...), ...), got {type(schedule).__name__}")
+    if not isinstance(pipeline_id, str) or not pipeline_id.strip():
+        raise ValueError("pipeline_id must be a non-empty string")
+    if error_backoff_seconds < 0:
+        raise ValueError("error_backoff_seconds must be >= 0")
+    if max_consecutive_errors < 1:
+        raise ValueError("max_consecutive_errors must be >= 1")
+
+
 def error_backoff(consecutive_errors: int, base_seconds: float) -> float:
     """Seconds to wait after the n-th failure in a row (n >= 1):
     ``min(600, base_seconds * 2**(n-1))``."""

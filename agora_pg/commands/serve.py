@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 from agora_pg.db import migrate
@@ -19,7 +18,7 @@ from agora_pg.db.connect import resolve_database
 from agora_pg.db.store import Store
 from agora_pg.errors import AgoraError, ConfigError
 from agora_pg.lifecycle import shutdown_signals
-from agora_pg.runtime.http import read_deadline_protocol
+from agora_pg.runtime.http import quiet_server, read_deadline_protocol
 from agora_pg.settings import load_settings
 
 log = logging.getLogger("agora_pg")
@@ -56,33 +55,15 @@ async def run_api(host: str, port: int, insecure: bool, log_level: str, module: 
                             lifespan="on", access_log=False, http=protocol,
                             limit_concurrency=settings.api_max_connections,
                             timeout_keep_alive=settings.api_keep_alive_seconds)
-    server = _api_server_class()(config)
-    await server.serve()
+    # The worker's signal semantics: the first SIGINT/SIGTERM stops gracefully and the
+    # process exits 0; a second one skips the wait. (uvicorn's own handlers re-raise the
+    # signal after shutdown, which ends the process with -SIGTERM, as if it had been killed.)
+    server = quiet_server(config)
+    with shutdown_signals(lambda: setattr(server, "should_exit", True),
+                          lambda: setattr(server, "force_exit", True)):
+        await server.serve()
     if not server.started:
         raise AgoraError(f"the API could not start on {host}:{port} (see the log above)")
-
-
-def _api_server_class() -> type:
-    import uvicorn
-
-    class ApiServer(uvicorn.Server):
-        """uvicorn, with the signal semantics of the worker: the first SIGINT/SIGTERM
-        stops gracefully and the process exits 0; a second one skips the wait.
-        (uvicorn's own handlers re-raise the signal after shutdown, which ends the
-        process with -SIGTERM, as if it had been killed.)"""
-
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            def graceful() -> None:
-                self.should_exit = True
-
-            def force() -> None:
-                self.force_exit = True
-
-            with shutdown_signals(graceful, force):
-                yield
-
-    return ApiServer
 
 
 async def run_dev(host: str, port: int, module: str, health_port: int | None, log_level: str) -> None:

@@ -231,7 +231,7 @@ class JobTable:
                              lease_seconds: float) -> list[int]:
         """Take back processing jobs whose lease passed (their worker's, or their own, of
         ``lease_seconds``); returns their ids."""
-        rows = await self._store.fetch(queries.RESCUE_EXPIRED, max_lost_attempts, default_max_retries, limit,
+        rows = await self._store.fetch(queries.RESCUE_EXPIRED, limit, max_lost_attempts, default_max_retries,
                                        float(lease_seconds))
         return [row["id"] for row in rows]
 

@@ -81,10 +81,6 @@ class PipelineState:
             row = await connection.fetchrow(queries.SELECT_CHECKPOINT, pipeline_id)
         return None if row is None else Checkpoint(json.loads(row["position"]), row["source"])
 
-    async def reset_checkpoint(self, pipeline_id: str) -> None:
-        async with self.store.connection() as connection:
-            await connection.execute(queries.DELETE_CHECKPOINT, pipeline_id)
-
     async def write_batch_state(
         self, pipeline_id: str, checkpoint: Checkpoint | None, letters: Sequence[DeadLetter], job_id: int | None,
     ) -> None:

@@ -427,20 +427,26 @@ DELAYED_CHANNEL = "agora_delayed"
 _GIVEN_BACK = ("status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE 'pending' END, "
                "finished_at = CASE WHEN j.cancel_requested_at IS NOT NULL THEN now() ELSE j.finished_at END")
 
-# Give back attempts (id, attempt) that worker $1 claimed but will not start: pending
-# again at once, nothing counted or recorded (a worker runs one job with lost attempts at
-# a time, so that a job that kills its process never takes the same neighbours down
-# twice; the others it claimed along go back).
-RELEASE_CLAIMED_JOBS = f"""
+def _given_back(where: str) -> str:
+    """Give back the jobs of worker $1 that ``where`` picks: pending again at once,
+    nothing counted or recorded; their queues' workers are woken."""
+    return f"""
 WITH released AS (
-    UPDATE agora.jobs AS j
-    SET {_GIVEN_BACK}, locked_by = NULL, lease_expires_at = NULL
-    FROM unnest($2::bigint[], $3::int[]) AS t(id, attempt)
-    WHERE j.id = t.id AND j.attempt = t.attempt AND j.locked_by = $1
+    UPDATE agora.jobs AS j SET {_GIVEN_BACK}, locked_by = NULL, lease_expires_at = NULL
+    WHERE j.locked_by = $1 AND {where}
     RETURNING j.id, j.queue
 )
 SELECT id, pg_notify('agora_jobs', queue) FROM released
 """
+
+
+# Attempts (id, attempt) it claimed but will not start (a worker runs one job with lost
+# attempts at a time, so that a job that kills its process never takes the same
+# neighbours down twice; the others it claimed along go back).
+RELEASE_CLAIMED_JOBS = _given_back("(j.id, j.attempt) IN (SELECT * FROM unnest($2::bigint[], $3::int[]))")
+# Every job it holds but never started (a claim whose reply was lost, or jobs left at
+# shutdown), but those still running in a thread ($2).
+RELEASE_UNSTARTED_JOBS = _given_back("j.status = 'processing' AND NOT (j.id = ANY($2::bigint[]))")
 
 # The fence of every outcome is (id, attempt, locked_by = this worker): locked_by is set
 # only while a job is processing and cleared by every way out of it. It is written that
@@ -561,20 +567,20 @@ END
 $function$"""
 COMPLETE_AND_CLAIM = "SELECT recorded_id, job FROM agora.complete_and_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
 
-# Record every other outcome of attempts (id, attempt) held by worker $1 (outcomes.OutcomeKind):
+# Record every outcome but success of the attempts in the CTE "outcome" (id, attempt,
+# worker_id: the worker that held it, kind: outcomes.OutcomeKind, error_type,
+# error_message, traceback, delay, final, ended_at):
 #   failed:    retry_count + 1, due again after delay (delayed until then; a final failure caps
 #              max_retries at the failures so far, so nothing claims it again);
 #   cancelled: cancelled on request, never retried;
 #   lost, released: lost_count + 1 and due again at once, until lost_count reaches $2
-#              (WORKER_MAX_LOST_ATTEMPTS): then failed for good.
+#              (WORKER_MAX_LOST_ATTEMPTS): then failed for good (a pipeline's run at once:
+#              _ONE_ATTEMPT). A lost attempt of a job whose cancel was asked is cancelled.
 # $3 is the default max_retries. Jobs due again at once wake the workers of their queue;
 # retries that wait wake the workers' promotion steps (agora_delayed).
-FINISH_JOBS = f"""
-WITH outcome AS (
-    SELECT * FROM unnest($4::bigint[], $5::int[], $6::text[], $7::text[], $8::text[], $9::text[],
-                         $10::float8[], $11::bool[])
-        AS t(id, attempt, kind, error_type, error_message, traceback, delay, final)
-), finished AS (
+def _finishing(outcome: str) -> str:
+    return f"""
+WITH outcome AS ({outcome}), finished AS (
     UPDATE agora.jobs AS j
     SET status = CASE
             WHEN o.kind = 'cancelled' OR j.cancel_requested_at IS NOT NULL THEN 'cancelled'  -- (an acknowledged cancel holds)
@@ -597,22 +603,18 @@ WITH outcome AS (
                   AND j.retry_count + 1 < {_MAX_RETRIES.format(default="$3")},
         locked_by = NULL, lease_expires_at = NULL, cancel_requested_at = NULL
     FROM outcome AS o
-    WHERE j.id = o.id AND j.attempt = o.attempt AND j.locked_by = $1
-    RETURNING j.id, j.attempt, j.started_at, j.queue, j.status, j.delayed, j.progress, o.kind AS outcome,
-              o.error_type, o.error_message, o.traceback, {_SCHEDULE_COLUMNS}
+    WHERE j.id = o.id AND j.attempt = o.attempt AND j.locked_by = o.worker_id
+    RETURNING j.id, j.attempt, j.started_at, j.queue, j.status, j.delayed, j.progress, j.error_message, o.worker_id,
+              o.error_type, o.traceback, o.kind = 'released' AS released, o.ended_at, {_SCHEDULE_COLUMNS},
+              CASE WHEN o.kind = 'failed' THEN 'failed' WHEN o.kind = 'lost' AND j.status <> 'cancelled' THEN 'abandoned'
+                   ELSE 'cancelled' END AS run_status
 ), recorded AS (
     INSERT INTO agora.runs (job_id, attempt, worker_id, started_at, finished_at, status, error_type,
                             error_message, traceback, progress, pipeline_id, scheduled_for)
-    SELECT id, attempt, $1, started_at, now(),
-           CASE outcome WHEN 'failed' THEN 'failed' WHEN 'lost' THEN 'abandoned' ELSE 'cancelled' END,
-           error_type, error_message, traceback, progress, schedule_id, scheduled_for
+    SELECT id, attempt, worker_id, started_at, now(), run_status, error_type, error_message, traceback, progress,
+           schedule_id, scheduled_for
     FROM finished
-), ended AS (
-    SELECT schedule_id, run_plan, status, started_at, error_message, outcome = 'released' AS released,
-           CASE outcome WHEN 'failed' THEN 'failed' WHEN 'lost' THEN 'abandoned' ELSE 'cancelled' END AS run_status,
-           now() AS ended_at
-    FROM finished
-), {_PIPELINE_RUN_ENDED}
+), ended AS (SELECT * FROM finished), {_PIPELINE_RUN_ENDED}
 SELECT id, CASE WHEN status = 'pending' THEN pg_notify('agora_jobs', queue) END AS woken,
        (SELECT pg_notify('agora_events', '')) AS events_woken,
        CASE WHEN delayed THEN pg_notify('agora_delayed', '') END AS promoters_woken,
@@ -620,18 +622,12 @@ SELECT id, CASE WHEN status = 'pending' THEN pg_notify('agora_jobs', queue) END 
 FROM finished
 """
 
-# Give back attempts (id, attempt) that worker $1 claimed but never started (a claim whose
-# reply was lost, or jobs left at shutdown): pending again, nothing counted or recorded.
-# Jobs still running in a thread ($2) are left alone.
-RELEASE_UNSTARTED_JOBS = f"""
-WITH released AS (
-    UPDATE agora.jobs AS j
-    SET {_GIVEN_BACK}, locked_by = NULL, lease_expires_at = NULL
-    WHERE j.locked_by = $1 AND j.status = 'processing' AND NOT (j.id = ANY($2::bigint[]))
-    RETURNING j.id, j.queue
-)
-SELECT id, pg_notify('agora_jobs', queue) FROM released
-"""
+
+# The outcomes worker $1 sends (the arrays $4-$11).
+FINISH_JOBS = _finishing("""
+    SELECT t.*, $1::text AS worker_id, now() AS ended_at
+    FROM unnest($4::bigint[], $5::int[], $6::text[], $7::text[], $8::text[], $9::text[], $10::float8[], $11::bool[])
+        AS t(id, attempt, kind, error_type, error_message, traceback, delay, final)""")
 
 # Worker $1 takes up the jobs it holds without knowing it ($2: the ids it knows): a claim
 # that committed but whose reply was lost. Their lease becomes the worker's, or one of
@@ -643,70 +639,41 @@ RETURNING {JOB_COLUMNS}
 """
 
 # Take back processing jobs whose lease passed: the jobs of workers whose worker lease
-# passed, and jobs with a lease of their own that passed (up to $3 of each). Each is a lost
-# attempt (lost_count + 1), due again at once until lost_count reaches $1
-# (WORKER_MAX_LOST_ATTEMPTS), then failed for good (a pipeline's run at once: _ONE_ATTEMPT);
-# $2 is the default max_retries; $4 the lease's length (a lost run's error backoff counts from its lease's last renewal). A
-# worker's jobs are looked up per worker whose lease passed (a nested loop over
+# passed, and jobs with a lease of their own that passed (up to $1 of each). Each is a lost
+# attempt (_finishing: $2 WORKER_MAX_LOST_ATTEMPTS, $3 the default max_retries) that ended
+# when its worker was last heard of ($4: the lease's length, counted back from its expiry).
+# A worker's jobs are looked up per worker whose lease passed (a nested loop over
 # jobs_locked_by_idx, never a scan of every running job). The worker's row is locked too
 # (shared: rescuers do not exclude each other), so a renewal in flight is not overtaken:
 # the worker is skipped, or its row is read again as renewed.
-RESCUE_EXPIRED = f"""
-WITH lost_with_worker AS (
-    SELECT j.id, w.id AS locked_by, w.lease_expires_at
-    FROM agora.workers AS w
-    CROSS JOIN LATERAL (
-        SELECT id FROM agora.jobs
-        WHERE locked_by = w.id AND status = 'processing' AND lease_expires_at IS NULL
-        LIMIT $3
+RESCUE_EXPIRED = _finishing("""
+    WITH lost_with_worker AS (
+        SELECT j.*, w.id AS locked_by, w.lease_expires_at
+        FROM agora.workers AS w
+        CROSS JOIN LATERAL (
+            SELECT id, attempt, cancel_requested_at FROM agora.jobs
+            WHERE locked_by = w.id AND status = 'processing' AND lease_expires_at IS NULL
+            LIMIT $1
+            FOR UPDATE SKIP LOCKED
+        ) AS j
+        WHERE w.lease_expires_at < now()
+        LIMIT $1
+        FOR SHARE OF w SKIP LOCKED
+    ), lost_on_their_own AS (
+        SELECT id, attempt, cancel_requested_at, locked_by, lease_expires_at FROM agora.jobs
+        WHERE status = 'processing' AND lease_expires_at < now()
+        ORDER BY lease_expires_at
+        LIMIT $1
         FOR UPDATE SKIP LOCKED
-    ) AS j
-    WHERE w.lease_expires_at < now()
-    LIMIT $3
-    FOR SHARE OF w SKIP LOCKED
-), lost_on_their_own AS (
-    SELECT id, locked_by, lease_expires_at FROM agora.jobs
-    WHERE status = 'processing' AND lease_expires_at < now()
-    ORDER BY lease_expires_at
-    LIMIT $3
-    FOR UPDATE SKIP LOCKED
-), lost AS (
-    SELECT * FROM lost_with_worker UNION ALL SELECT * FROM lost_on_their_own
-), rescued AS (
-    UPDATE agora.jobs AS j
-    SET status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'  -- (an acknowledged cancel holds)
-                      WHEN j.lost_count + 1 >= $1 OR {_ONE_ATTEMPT} THEN 'failed' ELSE 'pending' END,
-        lost_count = j.lost_count + 1,
-        max_retries = CASE WHEN j.lost_count + 1 >= $1 OR {_ONE_ATTEMPT} THEN LEAST({_MAX_RETRIES.format(default="$2")}, j.retry_count)
-                           ELSE {_MAX_RETRIES.format(default="$2")} END,
-        error_message = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'JobCancelled: cancelled on request; ' ELSE '' END
-            || 'WorkerLost: worker ' || COALESCE(lost.locked_by, '?')
-            || ' stopped renewing its lease, which expired at '
-            || to_char(lost.lease_expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
-            || CASE WHEN j.lost_count + 1 >= $1 AND NOT {_ONE_ATTEMPT} THEN ' (' || (j.lost_count + 1) || ' lost attempts: not retried)'
-                    ELSE '' END,
-        run_at = now(), finished_at = now(), locked_by = NULL, lease_expires_at = NULL,
-        cancel_requested_at = NULL
-    FROM lost WHERE j.id = lost.id
-    RETURNING j.id, j.attempt, j.started_at, j.queue, j.status, j.error_message, j.progress, lost.locked_by,
-              lost.lease_expires_at AS lease_expired_at, {_SCHEDULE_COLUMNS}
-), recorded AS (
-    INSERT INTO agora.runs (job_id, attempt, worker_id, started_at, finished_at, status, error_type, error_message,
-                            progress, pipeline_id, scheduled_for)
-    SELECT id, attempt, locked_by, started_at, now(), CASE WHEN status = 'cancelled' THEN 'cancelled' ELSE 'abandoned' END,
-           CASE WHEN status = 'cancelled' THEN 'JobCancelled' ELSE 'WorkerLost' END, error_message, progress,
-           schedule_id, scheduled_for
-    FROM rescued
-), ended AS (
-    SELECT schedule_id, run_plan, status, started_at, error_message, false AS released,
-           CASE WHEN status = 'cancelled' THEN 'cancelled' ELSE 'abandoned' END AS run_status,
-           LEAST(now(), lease_expired_at - make_interval(secs => $4)) AS ended_at  -- (last heard of)
-    FROM rescued
-), {_PIPELINE_RUN_ENDED}
-SELECT id, CASE WHEN status = 'pending' THEN pg_notify('agora_jobs', queue) END AS woken,
-       (SELECT count(*) FROM scheduled) AS schedules_woken
-FROM rescued
-"""
+    ), lost AS (SELECT * FROM lost_with_worker UNION ALL SELECT * FROM lost_on_their_own)
+    SELECT id, attempt, locked_by AS worker_id, 'lost' AS kind,
+           CASE WHEN cancel_requested_at IS NOT NULL THEN 'JobCancelled' ELSE 'WorkerLost' END AS error_type,
+           CASE WHEN cancel_requested_at IS NOT NULL THEN 'JobCancelled: cancelled on request; ' ELSE '' END
+               || 'WorkerLost: worker ' || locked_by || ' stopped renewing its lease, which expired at '
+               || to_char(lease_expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"') AS error_message,
+           NULL AS traceback, 0.0::float8 AS delay, false AS final,
+           LEAST(now(), lease_expires_at - make_interval(secs => $4)) AS ended_at  -- (last heard of)
+    FROM lost""")
 
 # -- workers -----------------------------------------------------------------
 
@@ -1275,9 +1242,6 @@ ON CONFLICT (pipeline_id) DO UPDATE
 SET position = EXCLUDED.position, source = EXCLUDED.source, run_id = NULL, job_id = EXCLUDED.job_id,
     updated_at = now()
 """
-
-# Forget pipeline $1's position: its next run reads the source from the start.
-DELETE_CHECKPOINT = "DELETE FROM agora.checkpoints WHERE pipeline_id = $1"
 
 # Record rejected records of pipeline $1, run by job $2 (NULL: a run outside any job),
 # from parallel arrays (stage, record JSON, error type, message).

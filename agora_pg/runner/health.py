@@ -18,12 +18,12 @@ import contextlib
 import json
 import logging
 import socket
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from agora_pg.api.exposure import is_loopback_host, refusal
 from agora_pg.errors import AgoraError, ConfigError
-from agora_pg.runtime.http import read_deadline_protocol
+from agora_pg.runtime.http import quiet_server, read_deadline_protocol
 
 log = logging.getLogger("agora_pg.runner")
 
@@ -61,7 +61,7 @@ class HealthServer:
         config = uvicorn.Config(self._app, lifespan="off", log_config=None, access_log=False,
                                 limit_concurrency=MAX_CONNECTIONS, timeout_keep_alive=KEEP_ALIVE_SECONDS,
                                 http=read_deadline_protocol(READ_TIMEOUT_SECONDS))
-        self._server = _quiet_server_class()(config)
+        self._server = quiet_server(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[listening]), name="health server")
         while not self._server.started and not self._task.done():
             await asyncio.sleep(0.01)
@@ -121,16 +121,3 @@ async def _send(send: Any, status: int, body: bytes, content_type: str) -> None:
 
 def _family(host: str) -> socket.AddressFamily:
     return socket.AF_INET6 if ":" in host else socket.AF_INET
-
-
-def _quiet_server_class() -> type:
-    import uvicorn
-
-    class QuietServer(uvicorn.Server):
-        """uvicorn without its signal handlers: the WorkerPool owns SIGINT and SIGTERM."""
-
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            yield
-
-    return QuietServer

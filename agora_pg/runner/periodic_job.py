@@ -14,7 +14,7 @@ from typing import Any
 
 from agora_pg.db.schedule_rows import DueTick, TickJob
 from agora_pg.job_spec import JobSpec
-from agora_pg.schedules import Schedule, ScheduleKind
+from agora_pg.schedules import Schedule, ScheduleKind, check_schedule_options
 
 TICK_FIELD = "scheduled_for"  # the payload key that carries the tick's time (ISO 8601, UTC)
 
@@ -48,21 +48,14 @@ class PeriodicJob:
         error_backoff_seconds: float = 60.0,
         max_consecutive_errors: int = 10,
     ) -> None:
-        if not isinstance(schedule, Schedule):
-            raise TypeError(f"schedule must be a Schedule (Schedule.every(...), ...), got {type(schedule).__name__}")
+        pipeline_id = pipeline_id if pipeline_id is not None else f"periodic:{kind}"
+        check_schedule_options(schedule, pipeline_id, error_backoff_seconds, max_consecutive_errors)
         if schedule.kind is ScheduleKind.CONTINUOUS:
             raise ValueError("a periodic job needs Schedule.cron, Schedule.every or Schedule.once: "
                              "Schedule.continuous would enqueue without pause")
         payload = {} if payload is None else dict(payload)
         if TICK_FIELD in payload:
             raise ValueError(f"payload must not hold {TICK_FIELD!r}: each job gets the tick's time there")
-        pipeline_id = pipeline_id if pipeline_id is not None else f"periodic:{kind}"
-        if not isinstance(pipeline_id, str) or not pipeline_id.strip():
-            raise ValueError("pipeline_id must be a non-empty string")
-        if error_backoff_seconds < 0:
-            raise ValueError("error_backoff_seconds must be >= 0")
-        if max_consecutive_errors < 1:
-            raise ValueError("max_consecutive_errors must be >= 1")
         # checked now, so that a bad kind, queue or payload fails at registration, not at the first tick
         self.template = JobSpec(kind, payload, queue=queue, priority=priority, max_retries=max_retries,
                                 timeout_seconds=timeout_seconds)

@@ -30,7 +30,7 @@ from agora_pg.jobs import Job
 from agora_pg.pipelines.pipeline import PipelineRun, current_run
 from agora_pg.runtime.database_calls import StopSignal
 from agora_pg.runtime.process_metrics import PROCESS_METRICS
-from agora_pg.schedules import Schedule
+from agora_pg.schedules import Schedule, check_schedule_options
 
 TICK_FIELD = "scheduled_for"  # the payload key of a run's tick (ISO 8601, UTC)
 REPLAY_FIELD = "replay"  # the payload key of a replay's limit: it replays dead letters instead of running
@@ -113,8 +113,7 @@ class PipelineSchedule:
         error_backoff_seconds: float = 60.0,
         max_consecutive_errors: int = 10,
     ) -> None:
-        if not isinstance(pipeline_id, str) or not pipeline_id.strip():
-            raise ValueError("pipeline_id must be a non-empty string")
+        check_schedule_options(schedule, pipeline_id, error_backoff_seconds, max_consecutive_errors)
         if inspect.isawaitable(factory):  # factory=build_pipeline() instead of factory=build_pipeline
             name = getattr(factory, "__name__", "build_pipeline")
             if inspect.iscoroutine(factory):
@@ -123,12 +122,6 @@ class PipelineSchedule:
                             f"factory={name}, not factory={name}()")
         if not callable(factory):
             raise TypeError(f"factory must be a function that returns the pipeline, got {type(factory).__name__}")
-        if not isinstance(schedule, Schedule):
-            raise TypeError(f"schedule must be a Schedule (Schedule.every(...), ...), got {type(schedule).__name__}")
-        if error_backoff_seconds < 0:
-            raise ValueError("error_backoff_seconds must be >= 0")
-        if max_consecutive_errors < 1:
-            raise ValueError("max_consecutive_errors must be >= 1")
         JobSpec(pipeline_id, queue=queries.PIPELINE_QUEUE)  # its runs are jobs of this kind: checked now
         self.factory = factory
         self.schedule = schedule

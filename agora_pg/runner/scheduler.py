@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 
 from agora_pg.db.schedule_rows import ScheduleRegistration, ScheduleRow, TickJob
 from agora_pg.db.store import Store
-from agora_pg.errors import DatabaseUnavailable, ScheduleNotFound
+from agora_pg.errors import ScheduleNotFound
 from agora_pg.jobs import Job
 from agora_pg.lifecycle import WakeSignal
 from agora_pg.runner.periodic_job import PeriodicJob
@@ -170,12 +170,8 @@ class Scheduler:
                 try:
                     wait = (await self.run_once()).wait_seconds
                     pause.reset()
-                except DatabaseUnavailable as error:
-                    wait = pause.next()
-                    log.warning("enqueueing scheduled runs: %s; retrying in %.1fs", error, wait)
-                except Exception:  # the loop never ends on an error: it waits and looks again
-                    wait = pause.next()
-                    log.exception("enqueueing scheduled runs failed; retrying in %.1fs", wait)
+                except Exception as error:  # the loop never ends on an error: it waits and looks again
+                    wait = pause.after(error, "enqueueing scheduled runs", log)
                 await self._wake.wait(wait)
         finally:
             self._wake_pipeline_worker_in(None)

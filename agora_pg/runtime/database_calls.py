@@ -42,8 +42,7 @@ async def retry_database(
         except DatabaseUnavailable as error:
             if stop is not None and stop.is_set():
                 raise Stopped(f"stopping ({what}: {error})") from error
-            delay = pause.next()
-            log.warning("%s: %s; retrying in %.1fs", what, error, delay)
+            delay = pause.after(error, what, log)
             if stop is None:
                 await asyncio.sleep(delay)
             elif await wait_for_event(stop, delay):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+import contextlib
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 
 _TOO_MANY = b"too many connections from this address: try again shortly"
@@ -103,3 +105,16 @@ def read_deadline_protocol(read_timeout: float, per_client: int | None = None) -
                 self.transport.close()
 
     return ReadDeadlineProtocol
+
+
+def quiet_server(config: Any) -> Any:
+    """A uvicorn server for ``config`` that installs no signal handlers: the process's
+    own (``lifecycle.shutdown_signals``) decide what SIGINT and SIGTERM do."""
+    import uvicorn
+
+    class QuietServer(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    return QuietServer(config)

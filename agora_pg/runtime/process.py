@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Mapping
 
 from agora_pg.db.store import Store
-from agora_pg.errors import ConnectionLost, SchemaNotReady, TransientDatabaseError
+from agora_pg.errors import ConnectionLost, DatabaseUnavailable, SchemaNotReady, TransientDatabaseError
 from agora_pg.settings import unknown_variables
 
 log = logging.getLogger("agora_pg")
@@ -35,6 +35,16 @@ class ErrorWait:
 
     def reset(self) -> None:
         self._current = self._first
+
+    def after(self, error: BaseException, what: str, logger: logging.Logger = log) -> float:
+        """The next pause, once ``what`` failed with ``error`` is logged (a database that
+        did not answer as a warning, anything else with its traceback)."""
+        wait = self.next()
+        if isinstance(error, DatabaseUnavailable):
+            logger.warning("%s: %s; retrying in %.1fs", what, error, wait)
+        else:
+            logger.exception("%s failed; retrying in %.1fs", what, wait)
+        return wait
 
 
 def new_worker_id() -> str:
@@ -62,9 +72,7 @@ async def check_schema(store: Store, *, attempts: int = SCHEMA_CHECK_ATTEMPTS) -
         except (ConnectionLost, TransientDatabaseError) as error:
             if attempt == attempts:
                 raise
-            delay = pause.next()
-            log.warning("checking the schema: %s; retrying in %.1fs", error, delay)
-            await asyncio.sleep(delay)
+            await asyncio.sleep(pause.after(error, "checking the schema"))
     from agora_pg.db.migrate import head_revisions  # (Alembic loads only here, once)
 
     head = head_revisions()

@@ -122,13 +122,9 @@ class ProcessMetrics:
         self.schedule_lags: dict[tuple[str, ...], Buckets] = {}  # by (pipeline_id,)
         self.stuck_threads: dict[str, StuckThread] = {}  # by thread name, until the thread returns
 
-    def job_recorded(self, queue: str, kind: str, outcome: str, duration: float, wait: float | None) -> None:
-        """An attempt's outcome was written: ``duration`` from claim to outcome (this host's
-        clock), ``wait`` from the job's due time to its start (the database's clock)."""
-        self.jobs_recorded([(queue, kind, outcome, duration, wait)])
-
     def jobs_recorded(self, outcomes: Iterable[tuple[str, str, str, float, float | None]]) -> None:
-        """Many ``job_recorded`` calls in one (a batch of outcomes: half the time per job)."""
+        """Outcomes written, each (queue, kind, outcome, ``duration`` from claim to outcome by
+        this host's clock, ``wait`` from the job's due time to its start by the database's)."""
         completed, durations, waits = self.completed, self.durations, self.waits
         for queue, kind, outcome, duration, wait in outcomes:
             key = (queue, kind, outcome)

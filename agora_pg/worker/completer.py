@@ -17,14 +17,11 @@ import asyncio
 import dataclasses
 import logging
 import random
-import time
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Awaitable, Callable
 
 from agora_pg.db.job_rows import JobFinish
 from agora_pg.db.store import Store
 from agora_pg.errors import DatabaseUnavailable
-from agora_pg.jobs import Job
 from agora_pg.outcomes import MAX_ERROR_MESSAGE, Outcome, OutcomeKind, storable_text
 from agora_pg.retry import BackoffPolicy, decide
 from agora_pg.runtime.leases import LeaseSupervisor
@@ -41,27 +38,10 @@ class FlushResult:
     superseded: list[int]  # job ids whose attempt had been taken over meanwhile
 
 
-@dataclasses.dataclass(frozen=True)
-class NextClaim:
-    """The claim the call that writes successes makes too (``JobTable.claim``'s arguments)."""
-
-    queues: tuple[str, ...]
-    kinds: tuple[str, ...]
-    limit: int
-    lease_seconds: float
-    suspects: bool
-    suspect_lost: int
-    timeout: float
-
-
-class Claimer(Protocol):
-    """The worker, as the completer claims for it."""
-
-    def next_claim(self, freed: int) -> NextClaim | None:
-        """The claim to make with successes that free ``freed`` slots; None: none."""
-
-    def claim_ended(self, jobs: list[Job] | None, claimed_at: float, error: BaseException | None) -> None:
-        """The claimed jobs (None, with ``error``: the call failed, or its reply was lost)."""
+# The worker, as the completer claims for it: records successes ``(job id, attempt)``
+# with their results and claims the slots they free, in one call; returns the ids
+# recorded, or None when it claims nothing now (the successes are then recorded alone).
+Claimer = Callable[[list[tuple[int, int]], dict[int, str]], Awaitable[set[int] | None]]
 
 
 # The run status each outcome this worker writes leaves (a lost attempt's, "abandoned",
@@ -195,30 +175,14 @@ class Completer:
             else:
                 others.append(self._finish_row(attempt, attempt.outcome))
         written: set[int] = set()
-        claim = self._claimer.next_claim(len(successes)) if successes and self._claimer is not None else None
-        if claim is not None:
-            written |= await self._complete_and_claim(successes, results, claim)
-        elif successes:
-            written |= await self._store.jobs.complete_succeeded(successes, self._worker_id, results)
+        if successes:
+            recorded = await self._claimer(successes, results) if self._claimer is not None else None
+            written |= recorded if recorded is not None else await self._store.jobs.complete_succeeded(
+                successes, self._worker_id, results)
         if others:
             written |= await self._store.jobs.finish(
                 others, self._worker_id, self._max_lost_attempts, self._default_max_retries
             )
-        return written
-
-    async def _complete_and_claim(self, successes: list[tuple[int, int]], results: dict[int, str],
-                                  claim: NextClaim) -> set[int]:
-        assert self._claimer is not None
-        claimed_at = time.monotonic()
-        try:
-            written, jobs = await self._store.jobs.complete_and_claim(
-                successes, self._worker_id, results, queues=claim.queues, limit=claim.limit,
-                lease_seconds=claim.lease_seconds, kinds=claim.kinds, suspects=claim.suspects,
-                suspect_lost=claim.suspect_lost, timeout=claim.timeout)
-        except BaseException as error:
-            self._claimer.claim_ended(None, claimed_at, error)
-            raise
-        self._claimer.claim_ended(jobs, claimed_at, None)
         return written
 
     async def _write_alone(self, attempt: Attempt) -> set[int]:

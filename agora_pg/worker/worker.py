@@ -36,7 +36,7 @@ from agora_pg.runtime.process import ErrorWait, check_schema, new_worker_id, war
 from agora_pg.runtime.process_metrics import PROCESS_METRICS, TALLIES, StuckThread
 from agora_pg.settings import Settings, load_settings
 from agora_pg.worker.attempts import DEFAULT_OPTIONS, Attempt, run_attempt
-from agora_pg.worker.completer import Completer, NextClaim
+from agora_pg.worker.completer import Completer
 from agora_pg.worker.context import ProgressReporter
 from agora_pg.worker.handlers import Handler, Handlers, handler_name, is_async_handler
 from agora_pg.worker.job_rescuer import JobRescuer
@@ -196,7 +196,7 @@ class _WorkerRun:
         self.resources = resources
         self.supervisor = supervisor
         self.completer = Completer(store, worker.id, settings, supervisor, random.Random(),
-                                   on_settled=self._outcomes_settled, claimer=self)
+                                   on_settled=self._outcomes_settled, claimer=self.complete_and_claim)
         self.progress = ProgressReporter(store, worker.id)
         self.rescuer = JobRescuer(store, settings.max_lost_attempts, settings.max_retries,
                                   lease_seconds=settings.lease_seconds)
@@ -317,13 +317,9 @@ class _WorkerRun:
             except _Stopping:
                 return
             except Exception as error:  # the claim loop never ends on an error: it waits and looks again
-                wait = pause.next()
                 if isinstance(error, DatabaseUnavailable):
                     self.claim_unsure_until = time.monotonic() + settings.lease_seconds
-                    log.warning("claiming jobs: %s; retrying in %.1fs", error, wait)
-                else:
-                    log.exception("claiming jobs failed; retrying in %.1fs", wait)
-                await wait_for_event(worker._stopping, wait)
+                await wait_for_event(worker._stopping, pause.after(error, "claiming jobs", log))
                 continue
             await wait_for_event(worker._wakeup, settings.poll_seconds)
 
@@ -358,29 +354,33 @@ class _WorkerRun:
             await self._wake_at_rate_room()
         return jobs
 
-    def next_claim(self, freed: int) -> NextClaim | None:
-        """The claim to make in the call that records successes freeing ``freed``
-        slots (the completer's ``Claimer``): the plain claim of those slots (the claim loop
-        takes the others, beside it), for a worker none of whose kinds or queues has a
-        limit, when none may have been lost, up to ``OUTCOMES_CLAIM_UP_TO`` slots. It takes
-        no suspect (the claim loop's may)."""
-        settings = self.settings
-        if (settings.concurrency > OUTCOMES_CLAIM_UP_TO or self.worker._stopping.is_set() or self.limited_kinds
+    async def complete_and_claim(self, successes: list[tuple[int, int]], results: dict[int, str]) -> set[int] | None:
+        """Record successes and claim the slots they free in one call (the completer's
+        ``Claimer``; the ids recorded): the plain claim of those slots (the claim loop
+        takes the others, beside it), with no suspect (the claim loop's may), for a worker
+        none of whose kinds or queues has a limit, when none may have been lost, up to
+        ``OUTCOMES_CLAIM_UP_TO`` slots; otherwise None, nothing done. A call that failed
+        may have committed with its reply lost: the worker looks for jobs it holds
+        unknowingly for a lease."""
+        settings, worker = self.settings, self.worker
+        if (settings.concurrency > OUTCOMES_CLAIM_UP_TO or worker._stopping.is_set() or self.limited_kinds
                 or self.limited_queues or self.unknown_seen or time.monotonic() < self.claim_unsure_until
                 or time.monotonic() - self.limits_read_at >= LIMITS_REFRESH_SECONDS):
             return None
-        return NextClaim(settings.queues, self.known_kinds, min(freed, self.claim_batch), settings.lease_seconds,
-                         False, self.suspect_lost, self.claim_timeout)
-
-    def claim_ended(self, jobs: list[Job] | None, claimed_at: float, error: BaseException | None) -> None:
-        """Start the jobs claimed with outcomes (none once the worker stops: its shutdown
-        gives them back). A claim that failed may have committed with its reply lost:
-        the worker looks for jobs it holds unknowingly for a lease."""
-        if error is not None and isinstance(error, DatabaseUnavailable | asyncio.CancelledError):
-            self.claim_unsure_until = time.monotonic() + self.settings.lease_seconds
-        if jobs and not self.worker._stopping.is_set():
+        claimed_at = time.monotonic()
+        try:
+            written, jobs = await self.store.jobs.complete_and_claim(
+                successes, worker.id, results, queues=settings.queues, kinds=self.known_kinds,
+                limit=min(len(successes), self.claim_batch), lease_seconds=settings.lease_seconds, suspects=False,
+                suspect_lost=self.suspect_lost, timeout=self.claim_timeout)
+        except (DatabaseUnavailable, asyncio.CancelledError):
+            self.claim_unsure_until = time.monotonic() + settings.lease_seconds
+            raise
+        finally:
+            worker._wakeup.set()
+        if jobs and not worker._stopping.is_set():  # (once it stops, its shutdown gives them back)
             self._start(jobs, claimed_at)
-        self.worker._wakeup.set()
+        return written
 
     async def _read_limits(self) -> None:
         """Which of this worker's kinds and queues have limits (any worker or config
@@ -655,12 +655,7 @@ class _WorkerRun:
             except Stopped:
                 return
             except Exception as error:  # never ends on an error: waits and looks again
-                wait = pause.next()
-                if isinstance(error, DatabaseUnavailable):
-                    log.warning("promoting delayed jobs: %s; retrying in %.1fs", error, wait)
-                else:
-                    log.exception("promoting delayed jobs failed; retrying in %.1fs", wait)
-                await wait_for_event(self.side_stop, wait)
+                await wait_for_event(self.side_stop, pause.after(error, "promoting delayed jobs", log))
 
     async def _completer_loop(self) -> None:
         pause = ErrorWait(0.2)
@@ -682,9 +677,7 @@ class _WorkerRun:
             except Stopped:
                 return
             except DatabaseUnavailable as error:
-                wait = pause.next()
-                log.warning("recording outcomes: %s; retrying in %.1fs", error, wait)
-                await wait_for_event(self.side_stop, wait)
+                await wait_for_event(self.side_stop, pause.after(error, "recording outcomes", log))
 
     # -- shutdown ----------------------------------------------------------------
 

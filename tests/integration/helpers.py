@@ -71,29 +71,30 @@ async def serving(worker: Worker, store: Store, settings: Settings, stop_timeout
 
 async def drain_by_claimers(
     store: Store, total: int, claim: Callable[[Store, str], Awaitable[list[Job]]],
-    after_claim: Callable[[Store], Awaitable[None]], *, claimers: int = 6, rounds: int = 200,
+    after_claim: Callable[[Store], Awaitable[None]], *, claimers: int = 6, seconds: float = 60,
 ) -> int:
     """Claim at once from ``claimers`` stores of their own (``claim(store, worker_id)``),
     each finishing what it claimed a moment later, until ``total`` jobs are done or
-    ``rounds`` claims each were made; ``after_claim`` samples the database after each
-    claim. Returns how many jobs were done."""
+    ``seconds`` passed; ``after_claim`` samples the database after each claim. Returns
+    how many jobs were done. (Not a number of claims: most come back empty while others
+    hold the limit, and a busy machine spends more of them so.)"""
     stores = [Store.open(store.database) for _ in range(claimers)]
     done = 0
 
     async def work(own: Store, worker: str) -> None:
         nonlocal done
-        for _ in range(rounds):
+        while done < total:
             jobs = await claim(own, worker)
             await after_claim(own)
             if jobs:
                 await asyncio.sleep(0.001)
                 await own.jobs.complete_succeeded([(job.id, job.attempt) for job in jobs], worker)
                 done += len(jobs)
-            elif done >= total:
-                return
 
     try:
-        await asyncio.wait_for(asyncio.gather(*(work(own, f"w{n}") for n, own in enumerate(stores))), 60)
+        await asyncio.wait_for(asyncio.gather(*(work(own, f"w{n}") for n, own in enumerate(stores))), seconds)
+    except TimeoutError:
+        pass  # (the caller compares what was done with what it expected)
     finally:
         for own in stores:
             await own.close()

@@ -132,7 +132,7 @@ async def test_concurrent_claims_of_a_limited_queue_never_overshoot(queue: Queue
         nonlocal peak
         peak = max(peak, await _running_in(own, "mail"))
 
-    done = await drain_by_claimers(store, 300, claim, sample, rounds=400)
+    done = await drain_by_claimers(store, 300, claim, sample)
     assert done == 300
     assert peak == 3
 

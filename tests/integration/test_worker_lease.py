@@ -290,7 +290,7 @@ async def test_the_rescue_looks_up_only_the_jobs_of_workers_whose_lease_passed(s
         )
         await connection.execute("ANALYZE agora.jobs")
         await connection.execute("ANALYZE agora.workers")
-        plan = "\n".join(row[0] for row in await connection.fetch(f"EXPLAIN {queries.RESCUE_EXPIRED}", 3, 3, 1000, 30.0))
+        plan = "\n".join(row[0] for row in await connection.fetch(f"EXPLAIN {queries.RESCUE_EXPIRED}", 1000, 3, 3, 30.0))
     lookup = plan.split("CTE lost_on_their_own")[0]  # how the dead workers' jobs are found
     assert "Nested Loop" in lookup and "Index Cond: (locked_by = w.id)" in lookup, plan
     assert "Seq Scan on jobs" not in lookup and "Hash Join" not in lookup, plan

@@ -129,8 +129,8 @@ async def test_the_apis_metrics_sum_every_worker_process_under_the_same_names(
         worker.stop()
         await asyncio.wait_for(task, 15)  # (its stop publishes what it counted)
     other = ProcessMetrics()  # another process, on another host
-    other.job_recorded("tallies", "tallied", "succeeded", 0.2, 0.1)
-    other.job_recorded("tallies", "tallied", "failed", 40.0, None)
+    other.jobs_recorded([("tallies", "tallied", "succeeded", 0.2, 0.1)])
+    other.jobs_recorded([("tallies", "tallied", "failed", 40.0, None)])
     await store.workers.add_tallies("elsewhere:1:x", other.snapshot(), merge_snapshots)
     async with AsyncTestClient(app=create_app(settings), base_url="http://api.localhost:8000") as client:
         text = (await client.get("/metrics")).text
@@ -150,7 +150,7 @@ async def test_the_apis_metrics_sum_every_worker_process_under_the_same_names(
         assert "elsewhere:1:x" not in [row["process_id"] for row in ids] and "(retired)" in [r["process_id"] for r in ids]
         # it comes back: it adds only what it counted since, so nothing counts twice
         since = ProcessMetrics()
-        since.job_recorded("tallies", "tallied", "succeeded", 0.2, 0.1)
+        since.jobs_recorded([("tallies", "tallied", "succeeded", 0.2, 0.1)])
         await store.workers.add_tallies("elsewhere:1:x", since.snapshot(), merge_snapshots)
         assert _value((await client.get("/metrics")).text, done) == 5
 

@@ -18,7 +18,7 @@ RULES = Path(__file__).resolve().parents[2] / "docs" / "prometheus-alerts.yml"
 
 def test_every_rule_is_well_formed_and_names_only_served_metrics() -> None:
     process = ProcessMetrics()
-    process.job_recorded("default", "k", "succeeded", 0.1, 0.1)
+    process.jobs_recorded([("default", "k", "succeeded", 0.1, 0.1)])
     process.schedule_started("p", 0.1)
     snapshot = MetricsSnapshot(live_jobs=[("default", "pending", 1)], oldest_due_seconds={"default": 1.0},
                                schedules={}, schedules_in_backoff=0,

@@ -43,7 +43,7 @@ def test_a_text_log_line_escapes_controls_and_indents_what_would_pass_for_a_line
 
 def test_metric_labels_carry_no_raw_control_character() -> None:
     metrics = ProcessMetrics()
-    metrics.job_recorded("q\x1b[2J", "k\u202e", "succeeded", 0.1, 0.2)
+    metrics.jobs_recorded([("q\x1b[2J", "k\u202e", "succeeded", 0.1, 0.2)])
     registry = CollectorRegistry()
     registry.register(metrics)
     text = generate_latest(registry).decode()

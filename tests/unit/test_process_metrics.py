@@ -17,9 +17,9 @@ def test_buckets_are_cumulative_with_inclusive_upper_bounds() -> None:
 
 def test_the_families_render_with_prometheus_names() -> None:
     metrics = ProcessMetrics()
-    metrics.job_recorded("default", "add", "succeeded", 0.02, 0.003)
-    metrics.job_recorded("default", "add", "succeeded", 0.2, None)
-    metrics.job_recorded("mail", "send", "failed", 1.5, 40.0)
+    metrics.jobs_recorded([("default", "add", "succeeded", 0.02, 0.003)])
+    metrics.jobs_recorded([("default", "add", "succeeded", 0.2, None)])
+    metrics.jobs_recorded([("mail", "send", "failed", 1.5, 40.0)])
     metrics.schedule_started("nightly", 0.012)
     metrics.schedule_started("nightly", -0.5)  # a tick claimed early counts as no lag
     registry = CollectorRegistry()
@@ -39,11 +39,11 @@ def test_the_families_render_with_prometheus_names() -> None:
 
 def test_snapshots_add_up_and_a_delta_holds_only_what_came_since() -> None:
     one = ProcessMetrics()
-    one.job_recorded("q", "k", "succeeded", 0.02, 0.5)
+    one.jobs_recorded([("q", "k", "succeeded", 0.02, 0.5)])
     one.schedule_started("p", 0.01)
     published = ProcessMetrics.of([one.snapshot()])  # what was published so far
-    one.job_recorded("q", "k", "succeeded", 2.0, None)
-    one.job_recorded("q", "k", "failed", 0.02, 0.1)
+    one.jobs_recorded([("q", "k", "succeeded", 2.0, None)])
+    one.jobs_recorded([("q", "k", "failed", 0.02, 0.1)])
     delta = one.since(published)
     assert delta["completed"] == [["q", "k", "failed", 1], ["q", "k", "succeeded", 1]]
     assert delta["lags"] == [] and [row[:2] for row in delta["waits"]] == [["q", "k"]]
