@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib.metadata
+import importlib.util
 import logging
 import os
 import sys
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from agora_pg.errors import AgoraError, ConfigError, InvalidArgument, InvalidJob
+from agora_pg.errors import AgoraError, ConfigError, InvalidArgument
 from agora_pg.logs import FORMATS, LEVELS, configure_logging
 from agora_pg.printable import escape_controls
 from agora_pg.settings import load_settings, parse_queues
@@ -267,21 +269,21 @@ def new_family_text(name: str, project: Path) -> str:
 
     written = new_family(name, project)
     files = "\n".join(f"  {path.relative_to(project)}" for path in written)
+    serial = " -n0" if importlib.util.find_spec("xdist") else ""  # (xdist's workers take longer to start than these run)
     return (f"wrote family {name}:\n{files}\n"
-            f"next: run its tests (python -m pytest tests/unit/test_{name}_pipeline.py), replace its stages, give "
+            f"next: run its tests (python -m pytest{serial} tests/unit/test_{name}_pipeline.py), replace its stages, give "
             f"the services of your composition root a {name}_svc, and import families.{name}.impl in worker.py "
             f"(its handler is then in FAMILIES.handlers())")
 
 
 def run_event_loop(main_coroutine: Coroutine[Any, Any, None]) -> None:
     """Run on uvloop when it is installed (the ``fast`` extra): the worker's hot path is
-    socket I/O and task switching, which uvloop does in C. Plain asyncio otherwise."""
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(main_coroutine)
-    else:
-        uvloop.run(main_coroutine)
+    socket I/O and task switching, which uvloop does in C. Plain asyncio otherwise (run
+    outside the ``except``: every error would carry the ImportError as its context)."""
+    run: Callable[[Coroutine[Any, Any, None]], None] = asyncio.run
+    with contextlib.suppress(ImportError):
+        from uvloop import run
+    run(main_coroutine)
 
 
 # Commands that use the database through the schema; on the embedded server (no
@@ -336,7 +338,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             asyncio.run(serve.run_dev(args.host, args.port, args.module, args.health_port, args.log_level))
         else:
             asyncio.run(run_operator(args))
-    except (ConfigError, InvalidArgument, InvalidJob) as error:
+    except (ConfigError, InvalidArgument) as error:  # (InvalidJob is one)
         print(f"agora-pg: {escape_controls(str(error))}", file=sys.stderr)
         return EXIT_USAGE
     except AgoraError as error:

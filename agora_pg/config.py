@@ -86,12 +86,12 @@ class WorkerConfig:
     queues: dict[str, QueueLimit] | None = None
 
 
-def load_config(text: str, env: Mapping[str, str]) -> WorkerConfig:
-    """Parse an ``agora/v1`` TOML document."""
+def load_config(text: str, env: Mapping[str, str], source: str = "(file)") -> WorkerConfig:
+    """Parse an ``agora/v1`` TOML document (``source``: its file, named in a TOML error)."""
     try:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
-        raise ConfigError("(file)", f"not valid TOML: {error}") from None
+        raise ConfigError(source, f"not valid TOML: {error}") from None
     root = _Table(_substitute(document, "", env), "")
     document_format = root.required("format", str)
     if document_format != FORMAT:
@@ -183,12 +183,12 @@ def _periodic_job(table: _Table, name: str) -> PeriodicJobConfig:
         kind=kind,
         payload=table.optional("payload", dict) or {},
         queue=table.optional("queue", str) or "default",
-        priority=table.integer("priority", 0, minimum=-(2**31)),
+        priority=table.number("priority", 0, minimum=-(2**31), kind=int),
         max_retries=max_retries,
         timeout_seconds=timeout,
         schedule=schedule,
         error_backoff_seconds=table.number("error_backoff_seconds", 60.0, minimum=0.0),
-        max_consecutive_errors=table.integer("max_consecutive_errors", 10, minimum=1),
+        max_consecutive_errors=table.number("max_consecutive_errors", 10, minimum=1, kind=int),
     )
     table.done()
     return config
@@ -203,7 +203,7 @@ def _pipeline(table: _Table, name: str) -> PipelineConfig:
     sinks = [_sink(_Table(item, table.key(f"sinks[{i}]"))) for i, item in enumerate(sinks_value)]
     schedule = _schedule(table.table("schedule", required=True))
     dead = table.table("dead_letters")
-    max_dead = dead.integer("max_per_run", 100, minimum=0)
+    max_dead = dead.number("max_per_run", 100, minimum=0, kind=int)
     dead_sink = _sink(dead.table("sink")) if "sink" in dead.data else None
     dead.done()
     tracing = _tracing(table.table("tracing")) if "tracing" in table.data else None
@@ -213,9 +213,9 @@ def _pipeline(table: _Table, name: str) -> PipelineConfig:
         source=source,
         sinks=sinks,
         schedule=schedule,
-        batch_size=table.integer("batch_size", 1000, minimum=1),
+        batch_size=table.number("batch_size", 1000, minimum=1, kind=int),
         error_backoff_seconds=table.number("error_backoff_seconds", 60.0, minimum=0.0),
-        max_consecutive_errors=table.integer("max_consecutive_errors", 10, minimum=1),
+        max_consecutive_errors=table.number("max_consecutive_errors", 10, minimum=1, kind=int),
         max_dead_letters=max_dead,
         dead_letter_sink=dead_sink,
         tracing=tracing,
@@ -358,13 +358,14 @@ class _Table:
             raise ConfigError(self.key(name), f"expected one of {', '.join(choices)}, got {_show(value)}")
         return str(value)
 
-    def number(self, name: str, default: float, *, minimum: float) -> float:
-        value = self.optional(name, float)
+    def number(self, name: str, default: Any, *, minimum: float, kind: type = float) -> Any:
+        value = self.optional(name, kind)
         if value is None:
             return default
         if value < minimum:
-            raise ConfigError(self.key(name), f"expected a number >= {minimum:g}, got {_show(value)}")
-        return float(value)
+            shown = minimum if kind is int else format(minimum, "g")
+            raise ConfigError(self.key(name), f"expected {_KIND_NAMES[kind]} >= {shown}, got {_show(value)}")
+        return kind(value)
 
     def positive(self, name: str) -> float:
         self._known.append(name)
@@ -372,14 +373,6 @@ class _Table:
         if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
             raise ConfigError(self.key(name), f"expected a positive number, got {_show(value)}")
         return float(value)
-
-    def integer(self, name: str, default: int, *, minimum: int) -> int:
-        value = self.optional(name, int)
-        if value is None:
-            return default
-        if value < minimum:
-            raise ConfigError(self.key(name), f"expected a whole number >= {minimum}, got {value}")
-        return int(value)
 
     def table(self, name: str, *, required: bool = False) -> _Table:
         self._known.append(name)

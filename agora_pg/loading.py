@@ -16,6 +16,9 @@ EXAMPLE = "def get_worker() -> WorkerPool: return WorkerPool().register(Worker({
 
 def import_module(name: str, search_dir: Path) -> ModuleType:
     """Import ``name`` (a dotted module path), looking in ``search_dir`` first."""
+    if name.endswith(".py") or "/" in name or "\\" in name:  # a file's path: say what to write instead
+        dotted = name.removesuffix(".py").replace("\\", "/").strip("/").replace("/", ".")
+        raise WorkerModuleError(f"--module takes a module's dotted path, not a file: write --module {dotted}")
     if str(search_dir) not in sys.path:
         sys.path.insert(0, str(search_dir))
     try:

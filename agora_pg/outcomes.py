@@ -60,6 +60,7 @@ class Outcome:
     retry_after: float | None = None
     result: str | None = None  # SUCCEEDED: what the handler returned, as JSON text
     retry_at_least: float = 0.0
+    intended: bool = False  # the handler raised Fail: its message is the reason (its traceback is in the run)
 
 
 SUCCEEDED = Outcome(OutcomeKind.SUCCEEDED)
@@ -128,7 +129,7 @@ def outcome_of(
             MAX_ERROR_MESSAGE,
         )
     return Outcome(OutcomeKind.FAILED, error_type, message, format_traceback(error),
-                   final=isinstance(error, Fail) or isinstance(error, tuple(non_retryable)),
+                   final=isinstance(error, (Fail, *non_retryable)), intended=isinstance(error, Fail),
                    retry_after=error.delay_seconds if isinstance(error, Retry) else None)
 
 

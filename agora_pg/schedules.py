@@ -189,17 +189,24 @@ def next_cron_tick(expression: str, timezone: str, after: datetime) -> datetime:
             return candidate
 
 
-def check_schedule_options(schedule: object, pipeline_id: object, error_backoff_seconds: float,
-                           max_consecutive_errors: int) -> None:
-    """``TypeError`` or ``ValueError`` naming the first argument of a schedule's that is wrong."""
-    if not isinstance(schedule, Schedule):
-        raise TypeError(f"schedule must be a Schedule (Schedule.every(...), ...), got {type(schedule).__name__}")
-    if not isinstance(pipeline_id, str) or not pipeline_id.strip():
-        raise ValueError("pipeline_id must be a non-empty string")
-    if error_backoff_seconds < 0:
-        raise ValueError("error_backoff_seconds must be >= 0")
-    if max_consecutive_errors < 1:
-        raise ValueError("max_consecutive_errors must be >= 1")
+class Scheduled:
+    """What runs on a schedule (a pipeline, a periodic job), checked: ``TypeError`` or
+    ``ValueError`` naming the first argument that is wrong."""
+
+    def __init__(self, schedule: Schedule, pipeline_id: str, error_backoff_seconds: float,
+                 max_consecutive_errors: int) -> None:
+        if not isinstance(schedule, Schedule):
+            raise TypeError(f"schedule must be a Schedule (Schedule.every(...), ...), got {type(schedule).__name__}")
+        if not isinstance(pipeline_id, str) or not pipeline_id.strip():
+            raise ValueError("pipeline_id must be a non-empty string")
+        if error_backoff_seconds < 0:
+            raise ValueError("error_backoff_seconds must be >= 0")
+        if max_consecutive_errors < 1:
+            raise ValueError("max_consecutive_errors must be >= 1")
+        self.schedule = schedule
+        self.pipeline_id = pipeline_id  # its row of agora.schedules
+        self.error_backoff_seconds = float(error_backoff_seconds)
+        self.max_consecutive_errors = max_consecutive_errors
 
 
 def error_backoff(consecutive_errors: int, base_seconds: float) -> float:

@@ -35,7 +35,7 @@ class Settings:
     """
 
     database_url: str | None = None
-    data_dir: Path = Path(DEFAULT_DATA_DIR)
+    data_dir: Path | None = None  # None: the nearest .agora-pg upward (db.connect.locate_data_dir)
     poll_seconds: float = 1.0
     max_retries: int = 3
     concurrency: int = 10
@@ -114,7 +114,7 @@ def load_settings(env: Mapping[str, str]) -> Settings:
     return Settings(
         **plain,
         database_url=url,
-        data_dir=Path(env.get("AGORA_PG_DATA_DIR") or DEFAULT_DATA_DIR),
+        data_dir=Path(data_dir) if (data_dir := env.get("AGORA_PG_DATA_DIR")) else None,
         queues=parse_queues(env.get("WORKER_QUEUES", "default"), key="WORKER_QUEUES"),
         notifications=_bool(env, "WORKER_NOTIFICATIONS", notifications_default),
         job_timeout=_float(env, "WORKER_JOB_TIMEOUT", defaults.job_timeout or 0.0) or None,
@@ -144,42 +144,35 @@ class Variable:
     bound: str | None = None  # what the value must be: "> 0", ">= 1"
 
 
-def _float(env: Mapping[str, str], key: str, default: float) -> float:
-    raw = env.get(key)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ConfigError(key, f"expected a number, got {raw!r}") from None
+def _reader(convert: Callable[[str], Any], expected: str) -> Callable[[Mapping[str, str], str, Any], Any]:
+    """A variable's reader: its value ``convert``ed (``ConfigError``: ``expected``), or the
+    default when it is unset or blank."""
+
+    def read(env: Mapping[str, str], key: str, default: Any) -> Any:
+        raw = env.get(key)
+        if raw is None or raw.strip() == "":
+            return default
+        try:
+            return convert(raw)
+        except (ValueError, KeyError):
+            raise ConfigError(key, f"expected {expected}, got {raw!r}") from None
+
+    return read
 
 
-def _int(env: Mapping[str, str], key: str, default: int) -> int:
-    raw = env.get(key)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ConfigError(key, f"expected a whole number, got {raw!r}") from None
-
-
-def _bool(env: Mapping[str, str], key: str, default: bool) -> bool:
-    raw = env.get(key)
-    if raw is None or raw.strip() == "":
-        return default
-    value = raw.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise ConfigError(key, f"expected on or off, got {raw!r}")
+_float = _reader(float, "a number")
+_int = _reader(int, "a whole number")
+_bool = _reader(lambda raw: {**dict.fromkeys(_TRUE, True), **dict.fromkeys(_FALSE, False)}[raw.strip().lower()],
+                "on or off")
 
 
 VARIABLES: tuple[Variable, ...] = (
     Variable(("AGORA_PG_DATABASE_URL", "DATABASE_URL"), "the embedded server",
              "`postgresql://user:pass@host:5432/db`; the first wins when both are set"),
-    Variable(("AGORA_PG_DATA_DIR",), "`.agora-pg`", "where the embedded server keeps its data"),
+    Variable(("AGORA_PG_DATA_DIR",), "`.agora-pg`, found upward",
+             "where the embedded server keeps its data; by default the `.agora-pg` folder of the current "
+             "folder or of the nearest one above it that has one (so every folder of a project finds the same "
+             "database), else a new one in the current folder"),
     Variable(("WORKER_CONCURRENCY",), "10",
              "jobs one worker process holds at once (`--concurrency`): a job's slot is free again once its "
              "outcome is written, not when its handler returns, so a worker's memory and the finished but "

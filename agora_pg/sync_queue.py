@@ -121,7 +121,7 @@ class SyncQueue:
     One psycopg 3 connection (in autocommit), opened on first use, shared by the threads
     of the process (calls on it take turns). With ``connection=``, the job is written on
     the caller's connection instead and commits or rolls back with its transaction.
-    Needs ``pip install 'agora-pg[sync]'``.
+    Needs the ``sync`` extra (``pip install -e '.[sync]'`` in agora-pg's checkout).
     """
 
     def __init__(self, database: Database, settings: Settings | None = None, handlers: Any = None) -> None:
@@ -277,5 +277,5 @@ def _try_import_psycopg() -> Any:
 def _import_psycopg() -> Any:
     psycopg = _try_import_psycopg()
     if psycopg is None:
-        raise ImportError("SyncQueue needs psycopg 3: pip install 'agora-pg[sync]'")
+        raise ImportError("SyncQueue needs psycopg 3: pip install -e '.[sync]' in agora-pg's checkout")
     return psycopg

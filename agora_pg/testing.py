@@ -93,7 +93,7 @@ async def run_until_idle(worker: Worker, *, timeout: float = 30.0) -> list[RanJo
 def pytest_configure(config: pytest.Config) -> None:
     """``async def`` tests run without a marker (pytest-asyncio's auto mode), unless the
     project's configuration or command line chooses a mode itself: a new folder with
-    only ``pip install 'agora-pg[testing]'`` runs the documented samples as they are."""
+    only the ``testing`` extra installed runs the documented samples as they are."""
     if not config.pluginmanager.hasplugin("asyncio"):  # pytest-asyncio is not installed
         return
     if getattr(config.option, "asyncio_mode", None) is None and not _ini_sets(config, "asyncio_mode"):
@@ -143,7 +143,7 @@ def agora_server_url(pytestconfig: pytest.Config) -> str:
     except EmbeddedPostgresMissing:
         pytest.fail(f"agora-pg's fixtures need a PostgreSQL server: set {URL_VARIABLE} (for example "
                     "postgresql://postgres@127.0.0.1:5432/postgres) or install the embedded one with "
-                    "pip install 'agora-pg[testing]'", pytrace=False)
+                    "pip install -e '.[testing]' in agora-pg's checkout", pytrace=False)
 
 
 @pytest.fixture(scope="session")

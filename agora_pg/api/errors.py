@@ -14,21 +14,11 @@ from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 from agora_pg.api.headers import EVERY_ANSWER, FRAMES_NONE
 from agora_pg.api import params
 from agora_pg.api.schemas import ErrorBody
+from agora_pg.jobs import JobStatus, RunStatus
 from agora_pg.runner.adhoc import RunInFlight
 from agora_pg.runner.replay import ReplayFailed
-from agora_pg.errors import (
-    AgoraError,
-    DatabaseUnavailable,
-    InvalidArgument,
-    InvalidJob,
-    InvalidTransition,
-    JobConflict,
-    JobNotFound,
-    ScheduleConflict,
-    ScheduleNotFound,
-    SchemaNotReady,
-    TooManyStreams,
-)
+from agora_pg.errors import (AgoraError, DatabaseUnavailable, InvalidArgument, InvalidTransition, JobConflict,
+                             JobNotFound, ScheduleConflict, ScheduleNotFound, SchemaNotReady, TooManyStreams)
 
 log = logging.getLogger("agora_pg.api")
 
@@ -127,25 +117,16 @@ def strict_json(body: bytes) -> tuple[Any, str | None]:
 
 
 
+_STATUSES: tuple[tuple[Any, int], ...] = (  # (error types, status), the first that matches
+    (InvalidArgument | BadBody, 400), (UnsupportedMediaType, 415), (JobNotFound | ScheduleNotFound, 404),
+    (InvalidTransition | ScheduleConflict | JobConflict | RunInFlight, 409), (PayloadTooLarge, 413),
+    (DatabaseUnavailable | SchemaNotReady | TooManyStreams, 503), (ReplayFailed, 502),
+)
+
+
 def status_of(error: AgoraError) -> int:
-    """The HTTP status an agora-pg error answers with."""
-    if isinstance(error, InvalidJob | InvalidArgument | BadBody):
-        return 400
-    if isinstance(error, UnsupportedMediaType):
-        return 415
-    if isinstance(error, JobNotFound | ScheduleNotFound):
-        return 404
-    if isinstance(error, InvalidTransition | ScheduleConflict | JobConflict):
-        return 409
-    if isinstance(error, PayloadTooLarge):
-        return 413
-    if isinstance(error, DatabaseUnavailable | SchemaNotReady | TooManyStreams):
-        return 503
-    if isinstance(error, RunInFlight):
-        return 409
-    if isinstance(error, ReplayFailed):
-        return 502
-    return 500
+    """The HTTP status an agora-pg error answers with (InvalidJob is an InvalidArgument)."""
+    return next((status for kinds, status in _STATUSES if isinstance(error, kinds)), 500)
 
 
 _NO_FILE = "no file or directory match the path"  # the start of a static files router's 404
@@ -157,7 +138,7 @@ def error_response(request: Request[Any, Any, Any], error: Exception) -> Respons
         status = status_of(error)
         body = ErrorBody(status, public_detail(error), getattr(error, "field", None))
     elif isinstance(error, ValidationException):
-        body = _validation_body(error)
+        body = _validation_body(error, RunStatus if request.url.path.startswith("/runs") else JobStatus)
     elif isinstance(error, HTTPException) and error.status_code == 404 and error.detail.startswith(_NO_FILE):
         body = ErrorBody(404, "no such file")  # (Litestar's text names the install directory)
     elif isinstance(error, HTTPException):
@@ -184,12 +165,15 @@ def public_detail(error: AgoraError) -> str:
     return str(error)
 
 
-def _validation_body(error: ValidationException) -> ErrorBody:
-    """Litestar's validation failures carry ``[{"key", "message", "source"}]``; name the first."""
+def _validation_body(error: ValidationException, statuses: type[JobStatus] | type[RunStatus]) -> ErrorBody:
+    """Litestar's validation failures carry ``[{"key", "message", "source"}]``; name the first
+    (a bad ``status`` with the ``statuses`` it may be)."""
     problems = error.extra if isinstance(error.extra, list) else []
     for problem in problems:
         if isinstance(problem, dict) and problem.get("message"):
             message = _EXPLAINED.get(str(problem["message"]), str(problem["message"]))
+            if problem.get("key") == "status" and message.startswith("Invalid enum value"):
+                message += f": expected one of {', '.join(status.value for status in statuses)}"
             key = problem.get("key") or None
             if key in (None, "data"):
                 key = _body_field(message)

@@ -196,8 +196,8 @@ def _json_object() -> dict[str, Any]:
 
 
 def _json_value_schema() -> dict[str, Any]:
-    """Any JSON value PostgreSQL's jsonb can hold (no NUL, no lone surrogate in text)."""
-    return {"anyOf": [
-        {"type": "string", "pattern": TEXT_PATTERN}, {"type": "number"}, {"type": "boolean"}, {"type": "null"},
-        {"type": "array", "items": {"$ref": "#/components/schemas/JsonValue"}}, _json_object(),
-    ]}
+    """Any JSON value jsonb can hold (no NUL, no lone surrogate in text). Typeless: each keyword applies to its own
+    type's values, and openapi-python-client reads "any value" (a recursive anyOf, it cannot: test_generated_client)."""
+    ref = {"$ref": "#/components/schemas/JsonValue"}
+    return {"description": "any JSON value without NUL characters", "pattern": TEXT_PATTERN, "items": ref,
+            "propertyNames": {"pattern": TEXT_PATTERN}, "additionalProperties": ref}

@@ -54,6 +54,4 @@ class ScheduleController(Controller):
 
 
 def _pipeline_id(value: str) -> str:
-    checked = params.text_filter("pipeline_id", value)
-    assert checked is not None
-    return checked
+    return params.text_filter("pipeline_id", value) or value  # (checked; None only for None)

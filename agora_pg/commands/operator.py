@@ -45,6 +45,8 @@ def job_row(job: Job, unhandled: frozenset[tuple[str, str]] = frozenset()) -> tu
     status = job.status.value
     if (job.queue, job.kind) in unhandled and job.status is not JobStatus.PROCESSING and not job.is_finished:
         status += " (no worker handles its kind)"
+    elif job.status is JobStatus.PROCESSING and job.cancel_requested_at is not None:
+        status += " (cancel asked: its worker stops it)"
     return (job.id, job.kind, job.queue, status, retries, job.run_at, job.finished_at, job.error_message)
 
 

@@ -51,7 +51,7 @@ async def run_api(host: str, port: int, insecure: bool, log_level: str, module: 
     handlers = load_worker(module, Path.cwd()) if module is not None else None
     app = create_app(settings, allow_remote=insecure, handlers=handlers)
     protocol = read_deadline_protocol(settings.api_read_timeout, settings.api_max_connections_per_client)
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(),
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(), log_config=None,  # (ours)
                             lifespan="on", access_log=False, http=protocol,
                             limit_concurrency=settings.api_max_connections,
                             timeout_keep_alive=settings.api_keep_alive_seconds)

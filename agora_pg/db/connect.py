@@ -16,7 +16,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 
 from agora_pg.errors import ConfigError, DatabaseUnavailable, EmbeddedPostgresMissing
-from agora_pg.settings import Settings, load_settings
+from agora_pg.settings import DEFAULT_DATA_DIR, Settings, load_settings
 
 if TYPE_CHECKING:  # (SQLAlchemy loads only for connect_db's engine)
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -155,13 +155,25 @@ async def connect_db(url: str | None = None) -> Database:
     return database
 
 
-def embedded_database(data_dir: Path) -> Database:
-    """Start (or join) the embedded PostgreSQL server in ``data_dir``.
+def locate_data_dir(configured: Path | None, here: Path | None = None) -> Path:
+    """The embedded server's folder: ``configured`` (``AGORA_PG_DATA_DIR``), else the
+    ``.agora-pg`` folder of ``here`` (the current folder) or of the nearest folder above
+    it that has one, else a new one in ``here``: every folder of a project finds the
+    same database, as git finds its repository."""
+    if configured is not None:
+        return configured.resolve()
+    here = (here or Path.cwd()).resolve()
+    return next((folder / DEFAULT_DATA_DIR for folder in (here, *here.parents)
+                 if (folder / DEFAULT_DATA_DIR / "pgdata").is_dir()), here / DEFAULT_DATA_DIR)
 
-    The server keeps running while any process holds it, and stops when the
-    last one exits. Data is kept in ``data_dir/pgdata`` across runs.
-    """
-    data_dir = data_dir.resolve()
+
+def embedded_database(data_dir: Path | None) -> Database:
+    """Start (or join) the embedded PostgreSQL server in ``data_dir`` (None: the one
+    ``locate_data_dir`` finds). The server keeps running while any process holds it, and
+    stops when the last one exits. Data is kept in ``data_dir/pgdata`` across runs; a
+    new one is announced in one line."""
+    data_dir = locate_data_dir(data_dir)
+    created = not (data_dir / "pgdata").is_dir()
     data_dir.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings():  # platformdirs' XDG_RUNTIME_DIR notice: noise to a user
         warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
@@ -175,6 +187,9 @@ def embedded_database(data_dir: Path) -> Database:
             raise DatabaseUnavailable(
                 f"could not start the embedded PostgreSQL in {data_dir}: {error}"
             ) from error
+    if created:
+        log.info("no DATABASE_URL set: created an embedded PostgreSQL in %s (agora-pg finds it again from this "
+                 "folder and every folder below it)", data_dir)
     socket_dir = server.get_postmaster_info().socket_dir
     return Database(f"postgresql://postgres@/postgres?host={socket_dir}")
 
@@ -190,7 +205,7 @@ async def resolve_database(settings: Settings | None = None) -> AsyncIterator[Da
     database = Database.from_settings(settings, (await asyncio.to_thread(embedded_database, settings.data_dir)).url)
     if database.url not in _announced:  # once per process
         _announced.add(database.url)
-        log.info("no DATABASE_URL set; using the embedded PostgreSQL at %s", database.display_url)
+        log.debug("no DATABASE_URL set; using the embedded PostgreSQL at %s", database.display_url)
     yield database
 
 

@@ -56,11 +56,7 @@ class JobTable:
         """Cancel a job that has not started yet, or ask the worker running it to stop it
         (the job is returned still ``processing``, with ``cancel_requested_at`` set)."""
         require_possible_job_id(job_id)
-        rows = await self._store.fetch(queries.CANCEL_JOB, job_id)
-        if rows:
-            return row_to_job(rows[0])
-        job = await self.get(job_id)
-        raise InvalidTransition(job_id, job.status.value, JobStatus.CANCELLED.value)
+        return await self._changed(await self._store.fetch(queries.CANCEL_JOB, job_id), job_id, JobStatus.CANCELLED)
 
     async def search(self, filters: Mapping[str, Any], limit: int) -> list[Job]:
         """Jobs newest first; ``filters`` maps names of ``queries.JOB_FILTERS`` to values
@@ -76,10 +72,13 @@ class JobTable:
             rows = await self._store.fetch(queries.RETRY_JOB, job_id)
         except asyncpg.UniqueViolationError:
             raise JobConflict(job_id, "another live job holds its dedup_key") from None
+        return await self._changed(rows, job_id, JobStatus.PENDING)
+
+    async def _changed(self, rows: Sequence[asyncpg.Record], job_id: int, to: JobStatus) -> Job:
+        """The job a statement changed to ``to`` (its rows), else ``InvalidTransition``."""
         if rows:
             return row_to_job(rows[0])
-        job = await self.get(job_id)
-        raise InvalidTransition(job_id, job.status.value, JobStatus.PENDING.value)
+        raise InvalidTransition(job_id, (await self.get(job_id)).status.value, to.value)
 
     async def claim(
         self, queues: Sequence[str], limit: int, worker_id: str, lease_seconds: float, *, kinds: Sequence[str],

@@ -21,7 +21,7 @@ from agora_pg.db.pipeline_state import Checkpoint, DeadLetter, PipelineState
 from agora_pg.db.store import Store
 from agora_pg.errors import AgoraError, DatabaseUnavailable, PipelineInterrupted
 from agora_pg.jobs import Job
-from agora_pg.pipelines.records import Record, Rejected
+from agora_pg.pipelines.records import Record, Rejected, typed
 from agora_pg.pipelines.sinks import BatchState, Sink, dead_letter
 from agora_pg.pipelines.sources import Source
 from agora_pg.pipelines.tracing import Tracing, span
@@ -156,10 +156,19 @@ class BuiltPipeline:
             await self._prepare_sinks(run)
             state = PipelineState(run.store)
             # A sink's reject was refused after the steps: it goes straight to the sinks again.
-            # Other rejects are records as read: they go through the steps again.
+            # Other rejects are records as read: they go through the steps again, the ones a
+            # source's schema refused typed again first.
             from_sinks = [letter.record for letter in letters if letter.stage.startswith("sink:")]
-            from_steps = [letter.record for letter in letters if not letter.stage.startswith("sink:")]
-            kept, rejected = await self._steps([record for record in from_steps if isinstance(record, dict)])
+            schema = getattr(self.pipeline.source, "schema", None) or {}
+            from_steps, source_rejects = [], []
+            for letter in [item for item in letters
+                           if isinstance(item.record, dict) and not item.stage.startswith("sink:")]:
+                try:
+                    from_steps.append(typed(letter.record, schema) if letter.stage.startswith("source:") else letter.record)
+                except ValueError as error:
+                    source_rejects.append(Rejected(letter.stage, letter.record, error))
+            kept, rejected = await self._steps(from_steps)
+            rejected += source_rejects
             step_letters = [dead_letter(item) for item in rejected]
             return rejected + await self._write(kept + from_sinks, state, run, None, step_letters)
 

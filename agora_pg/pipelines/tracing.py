@@ -61,7 +61,7 @@ def configure_exporter(tracing: Tracing) -> None:
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
     except ImportError:
-        raise ConfigError("tracing.exporter", "needs the OpenTelemetry SDK: pip install 'agora-pg[tracing]'") from None
+        raise ConfigError("tracing.exporter", "needs the OpenTelemetry SDK: pip install -e '.[tracing]' in agora-pg's checkout") from None
     exporter: SpanExporter
     if tracing.exporter == "console":
         exporter = ConsoleSpanExporter()
@@ -69,7 +69,7 @@ def configure_exporter(tracing: Tracing) -> None:
         try:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         except ImportError:
-            raise ConfigError("tracing.exporter", "otlp needs pip install 'agora-pg[tracing]'") from None
+            raise ConfigError("tracing.exporter", "otlp needs pip install -e '.[tracing]' in agora-pg's checkout") from None
         exporter = OTLPSpanExporter(endpoint=tracing.endpoint) if tracing.endpoint else OTLPSpanExporter()
     provider = TracerProvider(resource=Resource.create({"service.name": tracing.service_name}))
     provider.add_span_processor(BatchSpanProcessor(exporter))

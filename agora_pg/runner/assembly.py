@@ -22,7 +22,7 @@ def read_config(path: str, key: str = "--config") -> WorkerConfig:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as error:
         raise ConfigError(key, f"cannot read {path}: {error.strerror or error}") from None
-    return load_config(text, os.environ)
+    return load_config(text, os.environ, path)
 
 
 def build_source(component: Component) -> Source:

@@ -14,12 +14,12 @@ from typing import Any
 
 from agora_pg.db.schedule_rows import DueTick, TickJob
 from agora_pg.job_spec import JobSpec
-from agora_pg.schedules import Schedule, ScheduleKind, check_schedule_options
+from agora_pg.schedules import Schedule, ScheduleKind, Scheduled
 
 TICK_FIELD = "scheduled_for"  # the payload key that carries the tick's time (ISO 8601, UTC)
 
 
-class PeriodicJob:
+class PeriodicJob(Scheduled):
     """Enqueue a job of ``kind`` on ``schedule``, once per tick across all workers, with
     the tick's time in ``payload["scheduled_for"]``.
 
@@ -49,7 +49,7 @@ class PeriodicJob:
         max_consecutive_errors: int = 10,
     ) -> None:
         pipeline_id = pipeline_id if pipeline_id is not None else f"periodic:{kind}"
-        check_schedule_options(schedule, pipeline_id, error_backoff_seconds, max_consecutive_errors)
+        super().__init__(schedule, pipeline_id, error_backoff_seconds, max_consecutive_errors)
         if schedule.kind is ScheduleKind.CONTINUOUS:
             raise ValueError("a periodic job needs Schedule.cron, Schedule.every or Schedule.once: "
                              "Schedule.continuous would enqueue without pause")
@@ -60,10 +60,6 @@ class PeriodicJob:
         self.template = JobSpec(kind, payload, queue=queue, priority=priority, max_retries=max_retries,
                                 timeout_seconds=timeout_seconds)
         self.job_kind = kind
-        self.schedule = schedule
-        self.pipeline_id = pipeline_id
-        self.error_backoff_seconds = float(error_backoff_seconds)
-        self.max_consecutive_errors = max_consecutive_errors
 
     @property
     def kind(self) -> str | None:

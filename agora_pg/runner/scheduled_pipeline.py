@@ -30,7 +30,7 @@ from agora_pg.jobs import Job
 from agora_pg.pipelines.pipeline import PipelineRun, current_run
 from agora_pg.runtime.database_calls import StopSignal
 from agora_pg.runtime.process_metrics import PROCESS_METRICS
-from agora_pg.schedules import Schedule, check_schedule_options
+from agora_pg.schedules import Schedule, Scheduled
 
 TICK_FIELD = "scheduled_for"  # the payload key of a run's tick (ISO 8601, UTC)
 REPLAY_FIELD = "replay"  # the payload key of a replay's limit: it replays dead letters instead of running
@@ -101,7 +101,7 @@ def error_type(error_text: str | None) -> str | None:
     return match.group(0) if match else "error"
 
 
-class PipelineSchedule:
+class PipelineSchedule(Scheduled):
     """A scheduled pipeline as a ``WorkerPool`` runs it (what it does: the public
     ``ScheduledPipeline`` of ``worker_pool``, which adds ``start()``)."""
 
@@ -113,7 +113,7 @@ class PipelineSchedule:
         error_backoff_seconds: float = 60.0,
         max_consecutive_errors: int = 10,
     ) -> None:
-        check_schedule_options(schedule, pipeline_id, error_backoff_seconds, max_consecutive_errors)
+        super().__init__(schedule, pipeline_id, error_backoff_seconds, max_consecutive_errors)
         if inspect.isawaitable(factory):  # factory=build_pipeline() instead of factory=build_pipeline
             name = getattr(factory, "__name__", "build_pipeline")
             if inspect.iscoroutine(factory):
@@ -124,10 +124,6 @@ class PipelineSchedule:
             raise TypeError(f"factory must be a function that returns the pipeline, got {type(factory).__name__}")
         JobSpec(pipeline_id, queue=queries.PIPELINE_QUEUE)  # its runs are jobs of this kind: checked now
         self.factory = factory
-        self.schedule = schedule
-        self.pipeline_id = pipeline_id
-        self.error_backoff_seconds = float(error_backoff_seconds)
-        self.max_consecutive_errors = max_consecutive_errors
         self.stopping = StopSignal()  # set by stop(): a resumable pipeline ends after its current batch
         self.running = False
         # a once-per-launch schedule: this launch (set when its scheduler registers it),

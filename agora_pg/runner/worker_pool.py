@@ -159,6 +159,13 @@ class WorkerPool:
         settings = self.settings or load_settings(os.environ)
         if self.job_worker is not None:
             settings = self.job_worker.effective_settings()
+        for periodic in self.periodic_jobs:  # (jobs of its worker's kind, left for some other worker)
+            queue = periodic.template.queue
+            if self.job_worker is not None and periodic.job_kind in self.job_worker.handlers \
+                    and queue not in settings.queues:
+                log.warning("periodic job %r enqueues into queue %r, which this pool's worker does not claim "
+                            "(queues=%s): run it with --queues %s", periodic.job_kind, queue,
+                            ",".join(settings.queues), ",".join((*settings.queues, str(queue))))
         if settings.health_port is not None:  # WORKER_HEALTH_PORT: over the code's or config's
             self.health_port = settings.health_port
         if settings.health_host is not None:

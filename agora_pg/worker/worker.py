@@ -498,8 +498,9 @@ class _WorkerRun:
                 if outcome.retry_after is not None:  # a planned Retry: one line, no traceback
                     log.info("%s asked to be retried in %gs: %s", attempt.description, outcome.retry_after,
                              outcome.error_message)
-                elif outcome.traceback is not None:
-                    log.warning("%s failed: %s\n%s", attempt.description, outcome.error_message, outcome.traceback)
+                elif outcome.traceback is not None:  # (a Fail: one line, its traceback in its run)
+                    log.warning("%s failed: %s%s", attempt.description, outcome.error_message,
+                                "" if outcome.intended else "\n" + outcome.traceback)
                 attempt.outcome = outcome
                 attempt.ended_at = time.monotonic()
                 self.completer.add(attempt)
@@ -727,7 +728,7 @@ class _WorkerRun:
             await unless_stopped(asyncio.wait_for(call, self.settings.database_timeout), self.worker._aborting)
         except (DatabaseUnavailable, TimeoutError) as error:
             self.silent_at_shutdown = True
-            log.warning("%s at shutdown: %s", what, error or "no answer in time")
+            log.warning("%s at shutdown: %s", what, str(error) or "no answer in time")
         except Exception:
             log.exception("%s at shutdown failed", what)
 
@@ -743,7 +744,7 @@ class _WorkerRun:
             try:
                 await asyncio.wait_for(self.completer.flush_once(), limit)
             except (DatabaseUnavailable, TimeoutError) as error:
-                log.warning("recording outcomes at shutdown: %s", error or "no answer in time")
+                log.warning("recording outcomes at shutdown: %s", str(error) or "no answer in time")
                 if self.worker._aborting.is_set():
                     break
                 await asyncio.sleep(0.5)

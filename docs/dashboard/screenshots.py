@@ -1,5 +1,7 @@
 """Take the README's dashboard screenshots: an api and a worker process (the example
-worker) on a scratch database, some work, then chromium.
+worker) on a scratch database, some work, then chromium: the desktop pictures at 1280 px
+(overview.png, job.png, jobs.png), then, with flow control, a job of a kind nobody
+handles yet and a dead letter added, the phone pictures at 390 px (phone-*.png).
 
     python docs/dashboard/screenshots.py postgresql://postgres@127.0.0.1:5432/postgres
 """
@@ -76,6 +78,28 @@ async def main(server_url: str) -> None:
                 await page.wait_for_selector("tbody tr")
                 await asyncio.sleep(1.5)
                 await page.screenshot(path=str(HERE / "jobs.png"))
+                await long_names(url, client)
+                failed = (await client.get("/jobs", params={"kind": "fail", "status": "failed"})).json()["items"][0]
+                phone = await browser.new_page(viewport={"width": 390, "height": 844})
+                for picture, path in (("jobs", "/ui/jobs"), ("runs", "/ui/runs"), ("job", f"/ui/jobs/{failed['id']}"),
+                                      ("dead-letters", "/ui/dead-letters")):
+                    await phone.goto(f"{base}{path}")
+                    await phone.wait_for_selector("#content table")
+                    await asyncio.sleep(1.5)
+                    await phone.screenshot(path=str(HERE / f"phone-{picture}.png"))
+                    for _ in range(5):  # the list's box scrolled sideways to its status and progress columns
+                        if picture != "jobs":  # (again if a live refresh put a new list in between)
+                            break
+                        box = phone.locator(".table-box")
+                        await box.evaluate("box => { box.scrollLeft = box.querySelectorAll('thead th')[3].offsetLeft; }")
+                        await phone.screenshot(path=str(HERE / "phone-jobs-scrolled.png"))
+                        if await box.evaluate("box => box.scrollLeft > 0"):
+                            break
+                await phone.goto(f"{base}/")
+                await phone.wait_for_selector("article.wide table")
+                await asyncio.sleep(1.5)
+                await phone.locator("article.wide").filter(has_text="Flow control").screenshot(
+                    path=str(HERE / "phone-flow-control.png"))
                 await browser.close()
     finally:
         for process in (worker, api):
@@ -83,6 +107,31 @@ async def main(server_url: str) -> None:
             process.wait(timeout=30)
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         await admin.close()
+
+
+async def long_names(url: str, client: httpx.AsyncClient) -> None:
+    """Names as long as real ones: a kind limited per customer_id in a limited queue (no
+    worker handles it yet: its jobs wait, one with a progress report) and a dead letter."""
+    connection = await asyncpg.connect(url)
+    try:
+        await connection.execute(
+            "INSERT INTO agora.kind_limits (kind, concurrency, limit_by, rate, rate_seconds, declared_in) "
+            "VALUES ('customer_report_export', 2, 'customer_id', 10, 60, 'config')")
+        await connection.execute(
+            "INSERT INTO agora.queue_limits (queue, concurrency, declared_in) VALUES ('reports_eu-west', 1, 'config')")
+        ids = [(await client.post("/jobs", json={"kind": "customer_report_export", "queue": "reports_eu-west",
+                                                 "payload": {"customer_id": f"cust_{n:04d}_eu-west"}})).json()["id"]
+               for n in range(1, 4)]
+        await connection.execute(
+            "UPDATE agora.jobs SET progress = jsonb_build_object('done', 3, 'total', 5, 'message', "
+            "'exported 3 of 5 invoice files') WHERE id = $1", ids[-1])
+        await connection.execute(
+            "INSERT INTO agora.dead_letters (pipeline_id, stage, record, error_type, error_message) VALUES "
+            "('nightly_customer-sync.v2', 'load_customer_totals', $1, 'CheckViolationError', "
+            "'new row for relation \"customer_totals\" violates check constraint \"customer_totals_amount_check\"')",
+            '{"customer_id": "cust_0001_eu-west", "amount": -3.25}')
+    finally:
+        await connection.close()
 
 
 if __name__ == "__main__":

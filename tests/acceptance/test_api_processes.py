@@ -68,7 +68,8 @@ async def test_job_submitted_over_http_is_run_by_a_worker_process(database_url: 
         reminder = await client.post("/jobs", json={"name": "remind", "kind": "appointment_reminder",
                                                     "payload": {"appointment_id": 2, "variant": "sms"}})
         assert reminder.status_code == 201, reminder.text
-        await wait_status(client, reminder.json()["id"], "done")
+        reminded = await wait_status(client, reminder.json()["id"], "done")
+        assert reminded["result"]["channel"] == "sms" and reminded["result"]["appointment_id"] == 2  # the Reminder
 
         failing = await client.post("/jobs", json={"kind": "fail"})
         failed = await wait_status(client, failing.json()["id"], "failed")
@@ -412,7 +413,8 @@ async def test_timeouts_cancels_fail_and_tracebacks_over_http_and_the_cli(
     async with httpx.AsyncClient(base_url=base, timeout=10) as client:
         await wait_status(client, int(job_id), "processing", timeout=30)
         cancelled = run("jobs", "cancel", job_id)
-        assert cancelled.returncode == 0 and "processing" in cancelled.stdout, cancelled.stderr
+        assert cancelled.returncode == 0 and "processing (cancel asked: its worker stops it)" in cancelled.stdout, \
+            cancelled.stderr
         await wait_status(client, int(job_id), "cancelled", timeout=10)
     shown = run("jobs", "show", str(refused["id"]))
     assert shown.returncode == 0 and "traceback of run" in shown.stdout and "card 42 declined" in shown.stdout

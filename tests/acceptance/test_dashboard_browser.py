@@ -14,6 +14,7 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
+import asyncpg
 import httpx
 import pytest
 
@@ -35,6 +36,44 @@ STEP = 20_000  # ms: each thing the page should show without a reload
 # Collects the page's Content-Security-Policy violations (what the policy blocked) from its start.
 CSP_WATCH = ("window.cspViolations = []; document.addEventListener('securitypolicyviolation', "
              "e => window.cspViolations.push(e.violatedDirective + ' ' + e.blockedURI));")
+# The words of the page's table cells that the browser broke mid-token ("pendi|ng",
+# "cust|ome|r_id"), and the status badges that wrap at all, each as "text (in <tag>)"
+# with a "|" where a line ends. A word is a run of characters between breakable spaces
+# ("3&nbsp;/&nbsp;5" is one); a line ends where its characters' client rects move down. A
+# word may end a line only right after a separator (an id's "-", "_", ".", ":" or "/").
+BROKEN_TOKENS = r"""() => {
+  const SEPARATORS = "-_.:/";
+  const top = (node, start, end) => {
+    const range = document.createRange();
+    range.setStart(node, start);
+    range.setEnd(node, end);
+    const rect = Array.from(range.getClientRects()).find(rect => rect.width > 0 && rect.height > 0);
+    return rect ? { top: rect.top, height: rect.height } : null;
+  };
+  const broken = new Set();
+  for (const element of document.querySelectorAll("td, th, .badge")) {
+    const badge = element.matches(".badge");  // a badge: its whole text on one line
+    const walker = document.createTreeWalker(element, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      if (node.parentElement.closest("pre, .visually-hidden")) { continue; }
+      const text = node.data.replace(/[ \t\n\r\f]+$/, "");
+      for (const word of text.matchAll(badge ? /[^ \t\n\r\f][^]*/g : /[^ \t\n\r\f]+/g)) {
+        let shown = word[0][0], bad = false, line = top(node, word.index, word.index + 1);
+        for (let i = 1; i < word[0].length; i++) {
+          const here = top(node, word.index + i, word.index + i + 1);
+          if (line && here && here.top - line.top > line.height / 2) {  // a new line starts at i
+            shown += "|";
+            bad = bad || badge || !SEPARATORS.includes(word[0][i - 1]);
+          }
+          shown += word[0][i];
+          line = here || line;
+        }
+        if (bad) { broken.add(`${shown} (in <${element.tagName.toLowerCase()}>)`); }
+      }
+    }
+  }
+  return Array.from(broken);
+}"""
 
 
 @pytest.mark.one_lane
@@ -114,14 +153,38 @@ async def test_the_dashboard_follows_jobs_and_schedules_live(database_url: str, 
                 await expect(page.locator("#content")).not_to_have_attribute("aria-busy", "true", timeout=STEP)
                 assert await page.evaluate("window.cspViolations") == [], path  # the policy blocks nothing of ours
 
-            # On a phone (390 px wide) no page scrolls sideways.
-            phone = await browser.new_page(viewport={"width": 390, "height": 844})
-            for path in ("/", "/ui/jobs", f"/ui/jobs/{failing['id']}", "/ui/runs", "/ui/schedules", "/ui/dead-letters"):
-                await phone.goto(f"{base}{path}")
-                await expect(phone.locator("#content")).not_to_have_attribute("aria-busy", "true", timeout=STEP)
-                width = await phone.evaluate("document.documentElement.scrollWidth")
-                assert width <= 390, (path, width)
-            await phone.screenshot(path=str(ARTEFACTS / "dashboard-job-phone.png"), full_page=True)
+            # Long names and ids in every table: flow control of a kind keyed by customer_id,
+            # jobs of it (one with a progress report) in a limited queue, a dead letter.
+            exported = await _long_names(database_url, client)
+
+            # No table cell breaks a word or an id mid-token and no status badge wraps, on a
+            # desktop and on a phone (390 px wide); on a phone no page scrolls sideways: a
+            # wide table scrolls in its own box.
+            pages = {  # path: text that shows its fragment (with the long names) is there
+                "/": "customer_report_export", "/ui/jobs": "customer_report_export",
+                f"/ui/jobs/{failing['id']}": "this job always fails", "/ui/runs": "heartbeat",
+                "/ui/schedules": "heartbeat", "/ui/dead-letters": "nightly_customer-sync.v2",
+            }
+            broken: list[str] = []
+            for width, height in ((1280, 800), (390, 844)):
+                view = await browser.new_page(viewport={"width": width, "height": height})
+                for path, shown in pages.items():
+                    await view.goto(f"{base}{path}")
+                    await expect(view.locator("#content")).to_contain_text(shown, timeout=STEP)
+                    broken += [f"{width} px {path}: {word}" for word in await view.evaluate(BROKEN_TOKENS)]
+                    if width == 390:
+                        scroll_width = await view.evaluate("document.documentElement.scrollWidth")
+                        assert scroll_width <= 390, (path, scroll_width)
+                        name = path.strip("/").replace("/", "-").replace("ui-", "") or "overview"
+                        await view.screenshot(path=str(ARTEFACTS / f"dashboard-phone-{name}.png"), full_page=True)
+                if width == 390:  # the progress column is reachable: its box scrolls to it
+                    await view.goto(f"{base}/ui/jobs")
+                    bar = view.locator(f"[data-progress-job='{exported}'] progress")
+                    await bar.scroll_into_view_if_needed(timeout=STEP)
+                    box = await bar.bounding_box()
+                    assert box is not None and 0 <= box["x"] and box["x"] + box["width"] <= 390, box
+                await view.close()
+            assert broken == [], "\n".join(broken)
         finally:
             await browser.close()
     code, output = stop(worker)
@@ -155,6 +218,36 @@ async def test_a_saved_token_is_sent_from_the_first_request(database_url: str, p
             await browser.close()
     code, output = stop(api)
     assert code == 0, output
+
+
+async def _long_names(database_url: str, client: httpx.AsyncClient) -> int:
+    """What a real deployment's tables hold: a kind limited per customer_id in a limited
+    queue, three jobs of it waiting (no worker handles it; one with a progress report),
+    and a dead letter of a pipeline with a long id. Returns the job with the report."""
+    connection = await asyncpg.connect(database_url)
+    try:
+        await connection.execute(
+            "INSERT INTO agora.kind_limits (kind, concurrency, limit_by, rate, rate_seconds, declared_in) "
+            "VALUES ('customer_report_export', 2, 'customer_id', 10, 60, 'config')")
+        await connection.execute(
+            "INSERT INTO agora.queue_limits (queue, concurrency, declared_in) VALUES ('reports_eu-west', 1, 'config')")
+        ids = []
+        for customer in ("cust_0001_eu-west", "cust_0002_eu-west", "cust_0003_eu-west"):
+            answer = await client.post("/jobs", json={"kind": "customer_report_export", "queue": "reports_eu-west",
+                                                      "payload": {"customer_id": customer}})
+            assert answer.status_code == 201, answer.text
+            ids.append(answer.json()["id"])
+        await connection.execute(
+            "UPDATE agora.jobs SET progress = jsonb_build_object('done', 3, 'total', 5, 'message', "
+            "'exported 3 of 5 customer_invoice files') WHERE id = $1", ids[0])
+        await connection.execute(
+            "INSERT INTO agora.dead_letters (pipeline_id, stage, record, error_type, error_message) VALUES "
+            "('nightly_customer-sync.v2', 'load_customer_totals', $1, 'CheckViolationError', "
+            "'new row for relation \"customer_totals\" violates check constraint \"customer_totals_amount_check\"')",
+            '{"customer_id": "cust_0001_eu-west", "amount": -3.25}')
+    finally:
+        await connection.close()
+    return ids[0]
 
 
 def _one_of(values: Iterable[int]) -> re.Pattern[str]:

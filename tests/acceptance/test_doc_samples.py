@@ -1,5 +1,8 @@
 """Every Python sample of the README and of the docs site runs as shown, each in a fresh
-interpreter, on a database of the test's own (top-level ``await`` as in ``python -m asyncio``)."""
+interpreter, in an empty folder, on a database of the test's own (top-level ``await`` as
+in ``python -m asyncio``). What a sample needs, its page shows, and only that is made: a
+block with a file name (```` ```csv title="events.csv" ````) is written into the folder,
+and a ```` ```sql title="psql" ```` block is run on the database first."""
 
 from __future__ import annotations
 
@@ -28,6 +31,13 @@ def python_samples() -> list[tuple[str, str]]:
     return samples
 
 
+def shown_beside(where: str) -> tuple[dict[str, str], list[str]]:
+    """The files (name: text) and the SQL to run first that the page of ``where`` shows."""
+    text = (REPO / where.split(":")[0]).read_text(encoding="utf-8")
+    blocks = re.findall(r'```\w+ title="([^"]+)"\n(.*?)```', text, flags=re.DOTALL)
+    return {name: body for name, body in blocks if name != "psql"}, [body for name, body in blocks if name == "psql"]
+
+
 SAMPLES = python_samples()
 
 
@@ -38,8 +48,11 @@ def test_the_readme_and_the_docs_have_python_samples() -> None:
 
 @pytest.mark.parametrize(("where", "code"), SAMPLES, ids=[where for where, _ in SAMPLES])
 async def test_doc_sample_runs_as_shown(where: str, code: str, database_url: str, tmp_path: Path) -> None:
-    await scalar(database_url, "CREATE TABLE public.events_ingest (id int PRIMARY KEY, amount numeric, note text)")
-    (tmp_path / "events.csv").write_text("id,amount,note\n1,2.50, first \n2,,second\n", encoding="utf-8")
+    files, statements = shown_beside(where)
+    for statement in statements:
+        await scalar(database_url, statement)
+    for name, body in files.items():
+        (tmp_path / name).write_text(body, encoding="utf-8")
     sample = tmp_path / "sample.py"
     sample.write_text(code, encoding="utf-8")
     result = subprocess.run([sys.executable, str(RUNNER), str(sample)], cwd=tmp_path, capture_output=True, text=True,

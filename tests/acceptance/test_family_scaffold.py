@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
-
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO / "agora_pg" / "families" / "template"
@@ -26,8 +27,10 @@ def test_a_new_family_passes_its_own_tests_at_once(tmp_path: Path) -> None:
         assert (tmp_path / "families" / "demo_notice" / relative).is_file(), relative
     for relative in ("ports.py", "loader.py", "registry.py"):
         assert (tmp_path / "families" / "shared" / relative).is_file(), relative
-    tests = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-                 "tests/unit/test_demo_notice_pipeline.py"], tmp_path)
+    command = re.search(r"run its tests \((python -m pytest[^)]*)\)", made.stdout)
+    assert command is not None and " -n0 " in command.group(1), made.stdout  # (xdist is installed here)
+    tests = run([sys.executable, *command.group(1).split()[1:3], "-q", "-p", "no:cacheprovider",
+                 *command.group(1).split()[3:]], tmp_path)
     assert tests.returncode == 0, tests.stdout + tests.stderr
     assert "4 passed" in tests.stdout
 

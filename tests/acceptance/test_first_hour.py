@@ -104,13 +104,24 @@ def test_alembic_upgrade_head_logs_what_it_applied_and_says_one_line_for_a_wrong
 
 
 @pytest.mark.one_lane
-def test_embedded_mode_says_which_server_once_and_nothing_else(tmp_path: Path) -> None:
-    env = bare_env(AGORA_PG_DATA_DIR=str(tmp_path / ".agora-pg"))
+def test_embedded_mode_finds_the_projects_database_from_a_sub_folder_and_says_only_when_it_creates_one(
+    tmp_path: Path,
+) -> None:
+    project = tmp_path / "project"
+    deep = project / "src" / "deep"
+    deep.mkdir(parents=True)
+    env = bare_env()
     env.pop("XDG_RUNTIME_DIR", None)
-    result = run(cli("jobs", "list"), env)
-    assert result.returncode == 0, result.stderr
-    assert result.stderr.count("no DATABASE_URL set; using the embedded PostgreSQL") == 1, result.stderr
-    assert "XDG_RUNTIME_DIR" not in result.stderr and "alembic" not in result.stderr, result.stderr
+    submitted = run(cli("jobs", "submit", "hello_from_the_root"), env, cwd=project)
+    assert submitted.returncode == 0, submitted.stderr
+    created = [line for line in submitted.stderr.splitlines() if "created an embedded PostgreSQL" in line]
+    assert len(created) == 1 and str(project / ".agora-pg") in created[0], submitted.stderr
+    assert "XDG_RUNTIME_DIR" not in submitted.stderr and "alembic" not in submitted.stderr, submitted.stderr
+    listed = run(cli("jobs", "list"), env, cwd=deep)
+    assert listed.returncode == 0, listed.stderr
+    assert "hello_from_the_root" in listed.stdout, listed.stdout
+    assert listed.stderr == "", listed.stderr  # found, not created: nothing to say
+    assert not (deep / ".agora-pg").exists() and not (project / "src" / ".agora-pg").exists()
 
 
 @pytest.mark.one_lane
@@ -158,3 +169,6 @@ async def test_dev_gives_the_worker_a_free_health_port_when_the_modules_is_taken
     health_port = int(line.split("http://127.0.0.1:")[1].split("/")[0])
     assert health_port != 8080
     assert f"health server on http://127.0.0.1:{health_port}/health" in text
+    # one log format: the API's uvicorn lines are agora-pg's too ("... INFO uvicorn.error: ..."), not "INFO:     ..."
+    assert " INFO uvicorn.error: " in text
+    assert not [line for line in text.splitlines() if line.startswith(("INFO:", "WARNING:", "ERROR:"))], text

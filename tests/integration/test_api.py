@@ -616,3 +616,13 @@ async def test_the_getting_started_samples_show_every_field_the_api_answers(clie
     job = (await client.get(f"/jobs/{created.json()['id']}")).json()
     assert list(posted) == list(created.json()) and list(got) == list(job)
     assert list(got["runs"][0]) == list(runs["items"][0]) == list(RunOut.__struct_fields__)
+
+
+@pytest.mark.parametrize(("path", "statuses"), [("/jobs", "pending, processing, done, failed, cancelled"),
+                                               ("/runs", "running, succeeded, failed, abandoned, cancelled")])
+async def test_a_bad_status_filter_is_answered_with_the_statuses_there_are(
+    client: httpx.AsyncClient, path: str, statuses: str
+) -> None:
+    response = await client.get(path, params={"status": "bogus"})
+    assert response.status_code == 400, response.text
+    assert response.json()["detail"] == f"status: Invalid enum value 'bogus': expected one of {statuses}"

@@ -334,7 +334,9 @@ async def test_fail_and_non_retryable_types_end_the_job_at_once(
         assert status == "failed" and traceback is not None
         assert "in card\n" in traceback and traceback.rstrip().endswith(message)
     logged = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
-    assert any(f"job {failing[0].id} (kind 'card'" in line and "Traceback" in line for line in logged)
+    [fail_line] = [line for line in logged if f"job {failing[0].id} (kind 'card'" in line]
+    assert fail_line.endswith("failed: Fail: card declined")  # intended: one line, its traceback in the run
+    assert any(f"job {failing[1].id} (kind 'card'" in line and "Traceback" in line for line in logged)
 
 
 # -- lost attempts ----------------------------------------------------------------------

@@ -4,6 +4,7 @@ workers register it, with the tick's time in the payload."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from datetime import datetime
 from typing import Any
 
@@ -120,3 +121,26 @@ async def test_ticks_are_enqueued_once_each_while_the_schedulers_connections_are
     assert killed > 0
     assert ticks and len(keys) == len(ticks) == len(set(keys)) == len(set(ticks))
     assert sorted(keys) == sorted(f"periodic:beat@{tick.isoformat()}" for tick in ticks)
+
+
+async def test_a_pool_warns_of_a_periodic_jobs_queue_its_worker_does_not_claim(
+    store: Store, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def send_report(job: Job, resources: Any) -> None:
+        pass
+
+    pool = (WorkerPool(settings=settings).register(Worker({"send_report": send_report}, settings=settings))
+            .register(PeriodicJob("send_report", Schedule.every(hours=1), queue="reports")))
+    caplog.set_level(logging.WARNING, logger="agora_pg")
+    task = asyncio.create_task(pool.run(handle_signals=False))
+
+    async def warned() -> bool:
+        return "periodic job" in caplog.text
+
+    try:
+        await wait_until(warned)
+    finally:
+        pool.stop()
+        await asyncio.wait_for(task, 30)
+    assert ("periodic job 'send_report' enqueues into queue 'reports', which this pool's worker does not claim "
+            "(queues=default): run it with --queues default,reports") in caplog.text

@@ -169,6 +169,29 @@ async def test_dead_letters_replay_through_steps_and_sinks(store: Store) -> None
     assert [row["id"] for row in await fetch(store, "SELECT id FROM public.events ORDER BY id")] == [1, 2]
 
 
+async def test_a_replay_types_a_sources_reject_again(store: Store, tmp_path: Path) -> None:
+    """A row the CSV source's schema refused is typed again when replayed: with nothing
+    fixed the source rejects it again (before, it went to the sinks as text)."""
+    await fetch(store, EVENTS)
+    path = tmp_path / "events.csv"
+    write_csv(path, [(1, "1", None), (2, "two", None)])
+
+    def build(schema: dict[str, str]) -> object:
+        return Pipeline(CsvSource(path, schema), id="typed").build(DatabaseSink(store.database.url, "public.events"))
+
+    with in_run(store):
+        first = build({"id": "int", "amount": "int"})
+        await first.run()  # type: ignore[attr-defined]
+        await first.close()  # type: ignore[attr-defined]
+        [letter] = await PipelineState(store).waiting_dead_letters("typed", 10)
+        assert (letter.stage, letter.record) == ("source:csv", {"id": "2", "amount": "two", "note": ""})
+        again = build({"id": "int", "amount": "int"})
+        [rejected] = await again.replay([letter])  # type: ignore[attr-defined]
+        await again.close()  # type: ignore[attr-defined]
+    assert rejected.stage == "source:csv" and "amount" in str(rejected.error)
+    assert [row["id"] for row in await fetch(store, "SELECT id FROM public.events ORDER BY id")] == [1]
+
+
 async def test_sql_source_resumes_after_its_key(store: Store) -> None:
     await fetch(store, "CREATE TABLE public.source_rows (id int PRIMARY KEY, name text)")
     await fetch(store, "INSERT INTO public.source_rows SELECT i, 'row ' || i FROM generate_series(1, 25) i")

@@ -114,5 +114,5 @@ def test_without_a_server_or_the_embedded_one_the_error_names_the_variable_to_se
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
     )
     assert finished.returncode == 1, finished.stdout[-4000:]
-    assert "set AGORA_PG_TEST_DATABASE_URL" in finished.stdout and "agora-pg[testing]" in finished.stdout, \
+    assert "set AGORA_PG_TEST_DATABASE_URL" in finished.stdout and "pip install -e '.[testing]'" in finished.stdout, \
         finished.stdout[-4000:]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -312,3 +313,12 @@ def test_a_wrong_queues_table_names_the_key_path(change: tuple[str, str], messag
     with pytest.raises(ConfigError) as caught:
         load_config(QUEUES.replace(old, new, 1), {})
     assert str(caught.value).startswith(message), str(caught.value)
+
+
+def test_a_broken_file_is_named_by_its_path(tmp_path: Path) -> None:
+    from agora_pg.runner.assembly import read_config
+
+    broken = tmp_path / "pipelines.toml"
+    broken.write_text('format = "agora/v1"\n[x', encoding="utf-8")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(broken))}: not valid TOML: Expected"):
+        read_config(str(broken))

@@ -11,7 +11,7 @@ def test_defaults_with_empty_environment() -> None:
     settings = load_settings({})
     assert settings == Settings()
     assert settings.database_url is None
-    assert settings.data_dir == Path(".agora-pg")
+    assert settings.data_dir is None  # (the nearest .agora-pg upward: db.connect.locate_data_dir)
     assert (settings.poll_seconds, settings.max_retries, settings.lease_seconds) == (1.0, 3, 30.0)
     assert settings.queues == ("default",) and settings.notifications
 
@@ -163,3 +163,17 @@ def test_retention_ages_and_off() -> None:
                          ({"AGORA_PG_PRUNE_AFTER": "30d", "AGORA_PG_PRUNE_FAILED_AFTER": "7d"}, "not be shorter")):
         with pytest.raises(ConfigError, match=problem):
             load_settings(env)
+
+
+def test_the_embedded_servers_folder_is_found_upward_like_a_git_repository(tmp_path: Path) -> None:
+    from agora_pg.db.connect import locate_data_dir
+
+    project, deep = tmp_path / "project", tmp_path / "project" / "src" / "deep"
+    deep.mkdir(parents=True)
+    assert locate_data_dir(None, deep) == deep / ".agora-pg"  # none yet: a new one here
+    (project / ".agora-pg" / "pgdata").mkdir(parents=True)
+    assert locate_data_dir(None, deep) == project / ".agora-pg"
+    assert locate_data_dir(None, project) == project / ".agora-pg"
+    (deep / ".agora-pg").mkdir()  # a folder without a server in it (a stray one) does not count
+    assert locate_data_dir(None, deep) == project / ".agora-pg"
+    assert locate_data_dir(tmp_path / "elsewhere", deep) == tmp_path / "elsewhere"

@@ -48,7 +48,8 @@
       var bar = box.querySelector("progress");
       bar.max = report.total || Math.max(report.done || 0, 1);
       bar.value = report.done || 0;
-      var text = String(report.done) + (report.total ? " / " + report.total : "") +
+      // "3 / 5" joined by no-break spaces: one line, as the server renders it
+      var text = String(report.done) + (report.total ? "\u00a0/\u00a0" + report.total : "") +
         (report.message ? " · " + report.message : "");
       box.querySelector(".progress-text").textContent = text;
     });
