@@ -189,6 +189,9 @@ def next_cron_tick(expression: str, timezone: str, after: datetime) -> datetime:
             return candidate
 
 
+TICK_FIELD = "scheduled_for"  # the payload key of a run's tick (ISO 8601, UTC)
+
+
 class Scheduled:
     """What runs on a schedule (a pipeline, a periodic job), checked: ``TypeError`` or
     ``ValueError`` naming the first argument that is wrong."""

@@ -221,13 +221,9 @@ class SyncQueue:
     def _insert(self, specs: list[JobSpec], connection: Any) -> list[tuple[Job, bool]]:
         if not specs:
             return []
-        specs = apply_kinds(self.kinds, specs)
-        if connection is not None:
-            with self._translated_errors(reconnect=False):
-                return run_to_completion(insert_jobs(_sync_fetch(connection), specs))
-        with self._lock, self._translated_errors(reconnect=True):
-            own = self._own_connection()
-            return run_to_completion(insert_jobs(_sync_fetch(own), specs))
+        specs, own = apply_kinds(self.kinds, specs), connection is None  # (the caller's: not ours to reconnect)
+        with self._lock if own else contextlib.nullcontext(), self._translated_errors(reconnect=own):
+            return run_to_completion(insert_jobs(_sync_fetch(self._own_connection() if own else connection), specs))
 
     def _own_connection(self) -> Any:
         if self._connection is None or self._connection.closed:

@@ -142,9 +142,7 @@ def _correct_parameter(parameter: dict[str, Any]) -> None:
         parameter["schema"] = {"type": "string", "pattern": CURSOR_PATTERN}
     elif where == "query" and name in ("since", "until"):
         parameter["schema"] = {"type": "string", "format": "date-time", "pattern": TIME_PATTERN}
-    elif where == "query" and name in ("kind", "queue", "pipeline_id", "search"):
-        parameter["schema"] = {"type": "string", "minLength": 1, "maxLength": 1000, "pattern": LABEL_PATTERN}
-    elif where == "path" and name == "pipeline_id":
+    elif where == "query" and name in ("kind", "queue", "pipeline_id", "search") or name == "pipeline_id":
         parameter["schema"] = {"type": "string", "minLength": 1, "maxLength": 1000, "pattern": LABEL_PATTERN}
 
 

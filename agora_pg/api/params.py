@@ -33,21 +33,18 @@ def plain_id(text: str) -> int | None:
 
 def cursor_id(cursor: str | None) -> int | None:
     """The id a cursor from ``next_cursor`` stands for (rows older than it come next)."""
-    if cursor is None:
-        return None
-    value = plain_id(cursor)
-    if value is None:
-        raise InvalidArgument("cursor", "not a cursor this API returned")
-    return value
+    return _id_param("cursor", cursor, "not a cursor this API returned")
 
 
 def job_id_filter(text: str | None) -> int | None:
     """A job id given as query text: plain decimal digits of a possible id."""
-    if text is None:
-        return None
-    value = plain_id(text)
-    if value is None:
-        raise InvalidArgument("job_id", f"no job can have id {text[:40]!r} (ids are plain decimal numbers)")
+    return _id_param("job_id", text, f"no job can have id {(text or '')[:40]!r} (ids are plain decimal numbers)")
+
+
+def _id_param(field: str, text: str | None, problem: str) -> int | None:
+    value = None if text is None else plain_id(text)
+    if text is not None and value is None:
+        raise InvalidArgument(field, problem)
     return value
 
 

@@ -248,8 +248,7 @@ class JobTable:
 
     async def count_work_due_now(self, queues: Sequence[str], default_max_retries: int) -> int:
         """Jobs of ``queues`` running, or claimable and due now."""
-        async with self._store.connection() as connection:
-            return cast(int, await connection.fetchval(queries.COUNT_WORK_DUE_NOW, list(queues), default_max_retries))
+        return cast(int, (await self._store.fetch(queries.COUNT_WORK_DUE_NOW, list(queues), default_max_retries))[0][0])
 
     async def finished_since(self, since: datetime) -> list[tuple[Job, Any]]:
         """Jobs with an attempt that ended at or after ``since`` (by the database's clock),

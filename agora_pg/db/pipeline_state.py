@@ -61,9 +61,13 @@ async def write_batch_state(
     checkpoint: Checkpoint | None,
     letters: Sequence[DeadLetter],
     job_id: int | None,
+    replayed: Sequence[int] = (),
 ) -> None:
-    """Dead letters and the checkpoint of one batch, on ``connection`` (the caller's
-    transaction: a database sink writes them with its rows)."""
+    """Dead letters and the checkpoint of one batch, and the dead letters it replayed
+    (marked), on ``connection`` (the caller's transaction: a database sink writes them
+    with its rows, so a replay into it happens exactly once)."""
+    if replayed:
+        await connection.execute(queries.MARK_DEAD_LETTERS_REPLAYED, list(replayed))
     if letters:
         await connection.execute(queries.INSERT_DEAD_LETTERS, *dead_letter_args(pipeline_id, letters, job_id))
     if checkpoint is not None:
@@ -77,31 +81,22 @@ class PipelineState:
         self.store = store
 
     async def checkpoint(self, pipeline_id: str) -> Checkpoint | None:
-        async with self.store.connection() as connection:
-            row = await connection.fetchrow(queries.SELECT_CHECKPOINT, pipeline_id)
-        return None if row is None else Checkpoint(json.loads(row["position"]), row["source"])
+        rows = await self.store.fetch(queries.SELECT_CHECKPOINT, pipeline_id)
+        return Checkpoint(json.loads(rows[0]["position"]), rows[0]["source"]) if rows else None
 
-    async def write_batch_state(
-        self, pipeline_id: str, checkpoint: Checkpoint | None, letters: Sequence[DeadLetter], job_id: int | None,
-    ) -> None:
-        if checkpoint is None and not letters:
+    async def write_batch_state(self, pipeline_id: str, checkpoint: Checkpoint | None, letters: Sequence[DeadLetter],
+                                job_id: int | None, replayed: Sequence[int] = ()) -> None:
+        if checkpoint is None and not letters and not replayed:
             return
         async with self.store.connection() as connection, connection.transaction():
-            await write_batch_state(connection, pipeline_id, checkpoint, letters, job_id)
+            await write_batch_state(connection, pipeline_id, checkpoint, letters, job_id, replayed)
 
     async def dead_letters(self, pipeline_id: str | None, include_replayed: bool, limit: int) -> list[DeadLetter]:
-        async with self.store.connection() as connection:
-            rows = await connection.fetch(queries.LIST_DEAD_LETTERS, pipeline_id, include_replayed, limit)
-        return [_dead_letter(row) for row in rows]
+        return [_dead_letter(row) for row in await self.store.fetch(queries.LIST_DEAD_LETTERS, pipeline_id,
+                                                                      include_replayed, limit)]
 
     async def waiting_dead_letters(self, pipeline_id: str, limit: int) -> list[DeadLetter]:
-        async with self.store.connection() as connection:
-            rows = await connection.fetch(queries.WAITING_DEAD_LETTERS, pipeline_id, limit)
-        return [_dead_letter(row) for row in rows]
-
-    async def mark_replayed(self, ids: Sequence[int]) -> None:
-        async with self.store.connection() as connection:
-            await connection.execute(queries.MARK_DEAD_LETTERS_REPLAYED, list(ids))
+        return [_dead_letter(row) for row in await self.store.fetch(queries.WAITING_DEAD_LETTERS, pipeline_id, limit)]
 
 
 def _dead_letter(row: asyncpg.Record) -> DeadLetter:

@@ -82,8 +82,7 @@ class ScheduleTable:
 
     async def next_ticks(self, wanted: Sequence[tuple[str, str]], launches: Mapping[str, str] | None = None) -> NextTicks:
         """When the schedules ``wanted`` next need this process, by the database's clock."""
-        async with self._store.connection() as connection:
-            row = await connection.fetchrow(queries.NEXT_TICK_IN, *_wanted(wanted, launches))
+        [row] = await self._store.fetch(queries.NEXT_TICK_IN, *_wanted(wanted, launches))
         return NextTicks(*(None if row[name] is None else float(row[name]) for name in ("seconds", "run_in")))
 
     async def launch_succeeded(self, pipeline_id: str, launch: str) -> bool:

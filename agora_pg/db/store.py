@@ -201,8 +201,7 @@ class Store:
 
     async def database_now(self) -> datetime:
         """The database's clock (``clock_timestamp()``)."""
-        async with self.connection() as connection:
-            return cast(datetime, await connection.fetchval(queries.DATABASE_NOW))
+        return cast(datetime, (await self.fetch(queries.DATABASE_NOW))[0][0])
 
     async def database_identity(self) -> tuple[object, ...]:
         """Which server and database this is (``queries.DATABASE_IDENTITY``), asked once."""
@@ -282,8 +281,7 @@ class Store:
         return report
 
     async def ping(self) -> None:
-        async with self.connection() as connection:
-            await connection.fetchval(queries.PING)
+        await self.fetch(queries.PING)
 
     # -- notifications -------------------------------------------------------------
 

@@ -3,7 +3,7 @@ registry that its stages receive as ``patterns``. Pure.
 
 A file ``reminder.yaml`` holding ``email: "Dear {name}, ..."`` gives the pattern
 ``reminder.email`` (nested mappings add a level each). ``render`` fills a pattern's
-``{fields}``; a field with no value (absent, None or blank) is a
+``{fields}`` (plain names, given as text); a field with no value (absent, None or blank) is a
 ``MissingTemplateVariable`` naming the pattern, its file and line, never a message
 with a hole in it.
 """
@@ -83,7 +83,7 @@ class Patterns:
         missing = sorted(name for name in pattern.fields if _blank(values.get(name)))
         if missing:
             raise MissingTemplateVariable(key, pattern.where, missing)
-        return pattern.text.format(**values)
+        return pattern.text.format_map({name: str(values[name]) for name in pattern.fields})
 
 
 def _flatten(path: Path, prefix: str, mapping: Mapping) -> Iterable[Pattern]:
@@ -98,16 +98,18 @@ def _flatten(path: Path, prefix: str, mapping: Mapping) -> Iterable[Pattern]:
 
 
 def _fields(path: Path, line: int, key: str, text: str) -> frozenset[str]:
-    """The names ``text``'s fields use; a malformed field or a positional one is an error."""
+    """The names ``text``'s fields use; anything but a name (a position, an attribute, an
+    index, a conversion, a format spec: more than the values given) is an error."""
     names = set()
     try:
-        for _literal, field, _spec, _conversion in string.Formatter().parse(text):
+        for _literal, field, spec, conversion in string.Formatter().parse(text):
             if field is None:
                 continue
-            name = field.split(".")[0].split("[")[0]
-            if not name or name.isdigit():
-                raise FamilySpecError(path, line, f"pattern {key}: name each field ({{name}}), not {{{field}}}")
-            names.add(name)
+            if not field.isidentifier() or spec or conversion:
+                written = field + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "")
+                raise FamilySpecError(path, line, f"pattern {key}: a field is a name and nothing else "
+                                                  f"({{name}}), not {{{written}}}")
+            names.add(field)
     except ValueError as error:
         raise FamilySpecError(path, line, f"pattern {key}: {error} (write {{{{ and }}}} for braces)") from None
     return frozenset(names)

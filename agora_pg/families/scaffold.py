@@ -10,7 +10,7 @@ from pathlib import Path
 from agora_pg.errors import ConfigError
 
 TEMPLATE = Path(__file__).parent / "template"
-NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+NAME = re.compile(r"[a-z][a-z0-9_]{0,62}")  # (whole: fullmatch, so no trailing newline passes)
 PACKAGE_DOC = '"""The job families of this project (see families/shared)."""\n'
 
 
@@ -18,7 +18,7 @@ def new_family(name: str, project: Path) -> list[Path]:
     """Write family ``name`` into ``project`` (its ``families/`` and ``tests/unit/``);
     returns the files written. Nothing is overwritten: an existing family or test file
     is a ``ConfigError``."""
-    if not NAME.match(name) or keyword.iskeyword(name) or name == "shared":
+    if not NAME.fullmatch(name) or keyword.iskeyword(name) or name == "shared":
         raise ConfigError("NAME", f"{name!r} is no family name: lower-case letters, digits and _, starting with a "
                                   f"letter (a Python package and a job kind), and not 'shared'")
     families = project / "families"

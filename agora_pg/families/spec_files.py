@@ -10,6 +10,9 @@ import yaml
 
 from agora_pg.errors import AgoraError
 
+MAX_FILE_BYTES = 1_000_000  # a family file is written by hand: far below this
+MAX_DEPTH = 50  # nesting of mappings and sequences (the composer is recursive)
+
 
 class FamilySpecError(AgoraError):
     """A family's graph spec, runtime spec or patterns are wrong: the message names the
@@ -41,10 +44,20 @@ def read_yaml(path: Path) -> Any:
     """The document of ``path``: mappings and sequences carry their lines; a duplicate
     key, a key that is not text or YAML that does not parse is a ``FamilySpecError``."""
     try:
+        if path.stat().st_size > MAX_FILE_BYTES:
+            raise FamilySpecError(path, None, f"larger than {MAX_FILE_BYTES:,} bytes: a family file is not data")
         text = path.read_text(encoding="utf-8")
     except OSError as error:
         raise FamilySpecError(path, None, f"cannot read it ({error.strerror or error})") from None
     try:
+        depth = 0  # (read as events first: nothing is built or expanded before these checks)
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            line = None if event.start_mark is None else event.start_mark.line + 1
+            if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+                raise FamilySpecError(path, line, "anchors and aliases (& and *) are not allowed")
+            depth += isinstance(event, yaml.CollectionStartEvent) - isinstance(event, yaml.CollectionEndEvent)
+            if depth > MAX_DEPTH:
+                raise FamilySpecError(path, line, f"nested deeper than {MAX_DEPTH} levels")
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)

@@ -170,7 +170,8 @@ class BuiltPipeline:
             kept, rejected = await self._steps(from_steps)
             rejected += source_rejects
             step_letters = [dead_letter(item) for item in rejected]
-            return rejected + await self._write(kept + from_sinks, state, run, None, step_letters)
+            return rejected + await self._write(kept + from_sinks, state, run, None, step_letters,
+                                                [letter.id for letter in letters if letter.id is not None])
 
     async def _prepare_sinks(self, run: PipelineRun) -> None:
         # (not the dead-letter sink: the pipeline's id is no default table for its letters)
@@ -270,9 +271,11 @@ class BuiltPipeline:
         return kept, rejected
 
     async def _write(self, records: list[Record], state: PipelineState, run: PipelineRun,
-                     checkpoint: Checkpoint | None, letters: list[DeadLetter]) -> list[Rejected]:
-        """Write every sink; the batch state (checkpoint, dead letters) goes in the
-        transaction of a sink on the agora database, or is saved after all sinks wrote."""
+                     checkpoint: Checkpoint | None, letters: list[DeadLetter], replayed: Sequence[int] = ()
+                     ) -> list[Rejected]:
+        """Write every sink; the batch state (checkpoint, dead letters, the letters it
+        replays) goes in the transaction of a sink on the agora database, or is saved after
+        all sinks wrote."""
         committing = next((s for s in self.sinks if s.commits_state_for(run.store.database)), None)
         rejected: list[Rejected] = []
         for sink in self.sinks:
@@ -285,13 +288,13 @@ class BuiltPipeline:
             letters = []
         if committing is not None:
             state_in_batch = BatchState(self.id, checkpoint, letters, record_rejects=to_table,
-                                        job_id=run.job_id)
+                                        job_id=run.job_id, replayed=replayed)
             committed_rejects = await committing.write(records, state_in_batch)
             if not to_table:  # right after the batch committed
                 await self._to_dead_letter_sink(run, [dead_letter(item) for item in committed_rejects])
             rejected += committed_rejects
         else:
-            await state.write_batch_state(self.id, checkpoint, letters, run.job_id)
+            await state.write_batch_state(self.id, checkpoint, letters, run.job_id, replayed)
         return rejected
 
     async def _to_dead_letter_sink(self, run: PipelineRun, letters: list[DeadLetter]) -> None:

@@ -48,6 +48,7 @@ class BatchState:
     dead_letters: list[DeadLetter]
     record_rejects: bool = True  # also store the rows this sink refuses in agora.dead_letters
     job_id: int | None = None  # the job of the run (None: a run outside any job)
+    replayed: Sequence[int] = ()  # the dead letters this batch replays: marked with its rows
 
 
 class Sink:
@@ -243,7 +244,7 @@ class DatabaseSink(Sink):
             return
         own = [dead_letter(item) for item in rejected] if state.record_rejects else []
         letters = state.dead_letters + own
-        await write_batch_state(connection, state.pipeline_id, state.checkpoint, letters, state.job_id)
+        await write_batch_state(connection, state.pipeline_id, state.checkpoint, letters, state.job_id, state.replayed)
 
     @contextlib.asynccontextmanager
     async def _connected(self) -> AsyncIterator[Any]:

@@ -14,9 +14,7 @@ from typing import Any
 
 from agora_pg.db.schedule_rows import DueTick, TickJob
 from agora_pg.job_spec import JobSpec
-from agora_pg.schedules import Schedule, ScheduleKind, Scheduled
-
-TICK_FIELD = "scheduled_for"  # the payload key that carries the tick's time (ISO 8601, UTC)
+from agora_pg.schedules import TICK_FIELD, Schedule, ScheduleKind, Scheduled
 
 
 class PeriodicJob(Scheduled):

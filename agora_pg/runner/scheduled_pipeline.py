@@ -30,9 +30,8 @@ from agora_pg.jobs import Job
 from agora_pg.pipelines.pipeline import PipelineRun, current_run
 from agora_pg.runtime.database_calls import StopSignal
 from agora_pg.runtime.process_metrics import PROCESS_METRICS
-from agora_pg.schedules import Schedule, Scheduled
+from agora_pg.schedules import TICK_FIELD, Schedule, Scheduled
 
-TICK_FIELD = "scheduled_for"  # the payload key of a run's tick (ISO 8601, UTC)
 REPLAY_FIELD = "replay"  # the payload key of a replay's limit: it replays dead letters instead of running
 
 
@@ -217,8 +216,7 @@ async def run_pipeline_job(
             if not callable(getattr(pipeline, "replay", None)):
                 raise AgoraError(f"pipeline {job.kind}: {type(pipeline).__name__} has no replay(); dead letters "
                                  f"are replayed by pipelines built with Pipeline(...).build(...)")
-            again = await pipeline.replay(letters)
-        await state.mark_replayed([letter.id for letter in letters if letter.id is not None])
+            again = await pipeline.replay(letters)  # (marks them replayed with the rows it writes)
         return {"replayed": len(letters), "rejected_again": len(again)}
     finally:
         current_run.reset(token)

@@ -160,9 +160,8 @@ class WorkerPool:
         if self.job_worker is not None:
             settings = self.job_worker.effective_settings()
         for periodic in self.periodic_jobs:  # (jobs of its worker's kind, left for some other worker)
-            queue = periodic.template.queue
-            if self.job_worker is not None and periodic.job_kind in self.job_worker.handlers \
-                    and queue not in settings.queues:
+            if periodic.job_kind in getattr(self.job_worker, "handlers", ()) and \
+                    (queue := periodic.template.queue) not in settings.queues:
                 log.warning("periodic job %r enqueues into queue %r, which this pool's worker does not claim "
                             "(queues=%s): run it with --queues %s", periodic.job_kind, queue,
                             ",".join(settings.queues), ",".join((*settings.queues, str(queue))))

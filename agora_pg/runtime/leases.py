@@ -219,8 +219,10 @@ class LeaseSupervisor:
             due = [holder for holder in self._held
                    if now >= holder.fence_at and StopReason.LEASE_UNRENEWED not in holder.stopped_for]
         for holder in due:
-            log.error("%s: lease not renewed for %.1fs; stopping it before the lease expires",
-                      holder.description, self.fence_after)
+            unrenewed = now - holder.fence_at + self.fence_after  # (more than fence_after after a freeze)
+            log.error("%s: lease not renewed for %.1fs; %s", holder.description, unrenewed, "stopping it before the "
+                      "lease expires" if unrenewed < self.lease_seconds else "the lease had expired (this process was "
+                      "frozen or cut off): the attempt is given up, and another worker may have rescued the job")
             self._post(self._deliver, holder, StopReason.LEASE_UNRENEWED)
         self._post(self._loop_alive)
         blocked = now - self._loop_seen

@@ -3,6 +3,8 @@ read, and each mistake is one error naming the file and the line."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import textwrap
 import uuid
 from pathlib import Path
@@ -178,7 +180,12 @@ def test_patterns_merge_from_every_file_and_render_only_with_every_value(tmp_pat
 
 
 @pytest.mark.parametrize(("text", "message"), [
-    ('a: "x {0}"\n', "line 1: pattern p.a: name each field"),
+    ('a: "x {0}"\n', r"line 1: pattern p.a: a field is a name and nothing else \({name}\), not {0}"),
+    # more than the values given, or what a format spec would allocate: refused when read
+    ('a: "x {recipient.__class__.__mro__}"\n', r"line 1: .*, not {recipient.__class__.__mro__}"),
+    ('a: "x {recipient[0]}"\n', r"line 1: .*, not {recipient\[0\]}"),
+    ('a: "x {x:>1000000000}"\n', r"line 1: .*, not {x:>1000000000}"),
+    ('a: "x {x!r}"\n', r"line 1: .*, not {x!r}"),
     ('a: "x {name"\n', "line 1: pattern p.a: .* \\(write {{ and }} for braces\\)"),
     ("a: 3\n", "line 1: pattern p.a must be a text"),
     ('a: "x"\na: "y"\n', "line 2: 'a' appears twice"),
@@ -187,3 +194,64 @@ def test_a_broken_pattern_is_named_when_read(tmp_path: Path, text: str, message:
     (tmp_path / "p.yaml").write_text(text)
     with pytest.raises(FamilySpecError, match=f"p.yaml, {message}"):
         Patterns.read(tmp_path)
+
+
+def test_a_pattern_renders_its_values_as_text_and_reads_nothing_else(tmp_path: Path) -> None:
+    class Recipient:
+        secret = "not for a message"
+
+        def __str__(self) -> str:
+            return "Ada"
+
+    (tmp_path / "p.yaml").write_text('a: "Dear {recipient}, {{braces}}"\n')
+    assert Patterns.read(tmp_path).render("p.a", recipient=Recipient(), other="unused") == "Dear Ada, {braces}"
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("a: &x [1]\nb: *x\n", "line 1: anchors and aliases"),  # (the first of a billion laughs' steps)
+    ("- " * 60 + "x\n", "line 1: nested deeper than 50 levels"),
+])
+def test_a_family_file_is_refused_before_anything_is_built(tmp_path: Path, text: str, message: str) -> None:
+    (tmp_path / "p.yaml").write_text(text)
+    with pytest.raises(FamilySpecError, match=f"p.yaml, {message}"):
+        Patterns.read(tmp_path)
+
+
+BOMBS = {
+    "billion_laughs": "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{chr(98 + n)}: &{chr(98 + n)} [{', '.join(['*' + chr(97 + n)] * 10)}]\n" for n in range(9)),
+    "ten_thousand_deep": "[" * 10_000 + "]" * 10_000 + "\n",
+    "larger_than_a_megabyte": "a: " + "x" * 1_100_000 + "\n",
+}
+
+
+@pytest.mark.parametrize("bomb", sorted(BOMBS))
+def test_a_hostile_family_file_is_refused_within_a_memory_limit(tmp_path: Path, bomb: str) -> None:
+    """In a process of its own limited to 256 MB of address space beyond what it starts
+    with: the refusal comes before anything expands (the billion laughs would need
+    gigabytes, the deep file a RecursionError)."""
+    (tmp_path / "p.yaml").write_text(BOMBS[bomb])
+    script = (
+        "import resource, sys\n"
+        "from pathlib import Path\n"
+        "from agora_pg.families.patterns import Patterns\n"
+        "from agora_pg.families.spec_files import FamilySpecError\n"
+        "used = int(open('/proc/self/statm').read().split()[0]) * resource.getpagesize()\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (used + 256 * 2**20, used + 256 * 2**20))\n"
+        "try:\n"
+        "    Patterns.read(Path(sys.argv[1]))\n"
+        "except FamilySpecError as error:\n"
+        "    print(error)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "p.yaml" in done.stdout, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("name", ["demo_notice\n", "demo notice", "Demo", "class", "shared", ""])
+def test_a_family_name_is_refused_unless_it_is_exactly_an_identifier(tmp_path: Path, name: str) -> None:
+    from agora_pg.errors import ConfigError
+    from agora_pg.families.scaffold import new_family
+
+    with pytest.raises(ConfigError, match="is no family name"):
+        new_family(name, tmp_path)
+    assert not (tmp_path / "families").exists()
