@@ -3,14 +3,14 @@
 
 from __future__ import annotations
 
-import pytest
-
 import csv
 import os
 import signal
 import subprocess
 from pathlib import Path
 
+import asyncpg
+import pytest
 
 from ..conftest import Processes
 from ..faults import expire_leases_of
@@ -164,6 +164,57 @@ async def test_dlq_list_and_replay(database_url: str, tmp_path: Path) -> None:
     assert "replayed 1 dead letters of ingest: 1 written, 0 rejected again" in replayed.stdout
     assert await scalar(database_url, "SELECT amount FROM public.events WHERE id = 3") == -3.25
     assert "CheckViolationError" not in run_cli("dlq", "list", "--pipeline", "ingest", env=env).stdout
+
+
+@pytest.mark.parametrize("fault", ["kill -9", "connection terminated"])
+async def test_a_replay_stopped_at_the_mark_leaves_every_id_once(
+    database_url: str, tmp_path: Path, processes: Processes, fault: str
+) -> None:
+    """8,000 dead letters replayed by `agora-pg dlq replay`, held at the moment it marks them
+    replayed (the test holds their rows' locks) and then killed with kill -9, or its
+    connection terminated there; the next replay (which rescues a killed one) leaves
+    every id in the table exactly once and no letter waiting. Before the mark shared the
+    rows' transaction, the rows had committed by then and were written again."""
+    await scalar(database_url, "CREATE TABLE public.events (id int PRIMARY KEY, amount numeric CHECK (amount >= 0), note text)")
+    config = _csv_config(tmp_path, database_url, 10_000)
+    config.write_text(config.read_text() + "\n[pipelines.ingest.dead_letters]\nmax_per_run = 10000\n")
+    csv_path = tmp_path / "events.csv"
+    lines = csv_path.read_text().splitlines()
+    csv_path.write_text("\n".join([lines[0], *(line.replace(",", ",-", 1) if n % 5 else line
+                                              for n, line in enumerate(lines[1:], 1))]) + "\n")
+    env = worker_env(database_url)
+    assert run_cli("run", "--config", str(config), env=env).returncode == 0
+    assert await scalar(database_url, "SELECT count(*) FROM agora.dead_letters WHERE replayed_at IS NULL") == 8_000
+    await scalar(database_url, "ALTER TABLE public.events DROP CONSTRAINT events_amount_check")
+    holder = await asyncpg.connect(database_url)
+    locks = holder.transaction()
+    await locks.start()
+    await holder.execute("SELECT id FROM agora.dead_letters FOR UPDATE")  # (the mark waits for these)
+    replay = processes.start(cli("dlq", "replay", "--config", str(config), "--pipeline", "ingest", "--limit", "10000"),
+                             env, REPO)
+    marking = ("SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+               "AND query LIKE 'UPDATE agora.dead_letters SET replayed_at%'")
+
+    async def at_the_mark() -> bool:
+        return await scalar(database_url, marking) is not None
+
+    try:
+        await eventually(at_the_mark, 60, "the replay to wait at its mark")
+        if fault == "kill -9":
+            replay.send_signal(signal.SIGKILL)
+        else:
+            await scalar(database_url, f"SELECT pg_terminate_backend(({marking}))")
+        replay.wait(timeout=60)
+    finally:
+        await locks.rollback()
+        await holder.close()
+    if fault == "kill -9":
+        await expire_leases_of(database_url, replay)
+    again = run_cli("dlq", "replay", "--config", str(config), "--pipeline", "ingest", "--limit", "10000", env=env)
+    assert again.returncode == 0, again.stderr
+    counts = await scalar(database_url, "SELECT array[count(*), count(DISTINCT id)] FROM public.events")
+    assert counts == [10_000, 10_000], f"{counts}: {again.stdout} {again.stderr}"
+    assert await scalar(database_url, "SELECT count(*) FROM agora.dead_letters WHERE replayed_at IS NULL") == 0
 
 
 def test_run_config_exports_spans_to_the_console(database_url: str, tmp_path: Path) -> None:
