@@ -206,15 +206,13 @@ class JobTable:
 
     async def release_claimed(self, worker_id: str, attempts: Sequence[tuple[int, int]]) -> set[int]:
         """Give back claimed ``(job_id, attempt)`` pairs this worker will not start, uncounted."""
-        rows = await self._store.fetch(
-            queries.RELEASE_CLAIMED_JOBS, worker_id, [a[0] for a in attempts], [a[1] for a in attempts]
-        )
+        rows = await self._store.fetch(queries.RELEASE_CLAIMED_JOBS, worker_id, [a[0] for a in attempts],
+                                       [a[1] for a in attempts])
         return {row["id"] for row in rows}
 
     async def release_unstarted(self, worker_id: str, running: Sequence[int]) -> set[int]:
         """Give back the jobs ``worker_id`` holds but never started (``running``: ids to keep)."""
-        rows = await self._store.fetch(queries.RELEASE_UNSTARTED_JOBS, worker_id, list(running))
-        return {row["id"] for row in rows}
+        return {row["id"] for row in await self._store.fetch(queries.RELEASE_UNSTARTED_JOBS, worker_id, list(running))}
 
     async def adopt_unknown(self, worker_id: str, known: Sequence[int], lease_seconds: float) -> list[Job]:
         """The jobs ``worker_id`` holds beyond ``known`` (a claim whose reply was lost)."""
@@ -241,10 +239,8 @@ class JobTable:
     async def report_progress(self, worker_id: str, reports: Sequence[tuple[int, int, str]]) -> None:
         """Store and publish the latest progress (JSON) of attempts ``(job_id, attempt)`` this
         worker still holds (``queries.REPORT_JOB_PROGRESS``)."""
-        await self._store.fetch(
-            queries.REPORT_JOB_PROGRESS, worker_id,
-            [r[0] for r in reports], [r[1] for r in reports], [r[2] for r in reports],
-        )
+        await self._store.fetch(queries.REPORT_JOB_PROGRESS, worker_id, [r[0] for r in reports],
+                                [r[1] for r in reports], [r[2] for r in reports])
 
     async def count_work_due_now(self, queues: Sequence[str], default_max_retries: int) -> int:
         """Jobs of ``queues`` running, or claimable and due now."""

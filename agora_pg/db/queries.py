@@ -1399,12 +1399,16 @@ EVENTS_ENQUEUED = _event_source(
     "j.created_at", "j.id", "agora.jobs AS j", _JOB_FILTERS,
 )
 
-# job.started: attempts running now that began at or after $1 (jobs_locked_by_idx holds the running ones).
+# job.started: attempts that began at or after $1, running now (jobs_locked_by_idx holds
+# them) or ended since (their runs: a job that ends within a read still shows its start).
 EVENTS_STARTED = _event_source(
     "j.id AS job_id, NULL::bigint AS run_id, j.schedule_id AS pipeline_id, j.kind, j.queue, j.status AS job_status, "
     "j.attempt, NULL::text AS outcome, NULL::text AS error, NULL::timestamptz AS retry_at, j.locked_by AS worker_id, "
-    "j.scheduled_for, j.progress::text AS progress",
-    "j.started_at", "j.id", "agora.jobs AS j", f"j.status = 'processing' AND {_JOB_FILTERS}",
+    "j.scheduled_for, j.progress::text AS progress", "j.started_at", "j.id",
+    "(SELECT id, schedule_id, kind, queue, status, attempt, locked_by, scheduled_for, progress, started_at "
+    " FROM agora.jobs WHERE status = 'processing' UNION ALL SELECT r.job_id, j.schedule_id, j.kind, j.queue, j.status, "
+    " r.attempt, r.worker_id, r.scheduled_for, r.progress, r.started_at FROM agora.runs AS r "
+    " JOIN agora.jobs AS j ON j.id = r.job_id WHERE r.finished_at >= $1) AS j", _JOB_FILTERS,
 )
 
 # job.finished: every attempt that ended (a pipeline's run too), with its job as it is
@@ -1430,11 +1434,11 @@ EVENTS_CANCELLED = _event_source(
     "(SELECT 1 FROM agora.runs AS r WHERE r.job_id = j.id AND r.finished_at = j.finished_at)",
 )
 
-EVENT_SOURCES = {
-    "job.enqueued": EVENTS_ENQUEUED,
-    "job.started": EVENTS_STARTED,
+EVENT_SOURCES = {  # read in this order, each statement a later snapshot: a change seen comes with those before it
+    "finished": EVENTS_FINISHED,  # job.finished (its job's start and enqueue are read after it, so seen too)
     "job.cancelled": EVENTS_CANCELLED,
-    "finished": EVENTS_FINISHED,  # job.finished
+    "job.started": EVENTS_STARTED,
+    "job.enqueued": EVENTS_ENQUEUED,
 }
 
 # -- the dashboard (agora_pg.api.dashboard): read-only -----------------------------------

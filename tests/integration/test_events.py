@@ -11,7 +11,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from agora_pg import Job, JobStatus, Queue, Settings, Worker, job_context
+from agora_pg import Job, JobSpec, JobStatus, Queue, Settings, Worker, job_context
 from agora_pg.db.store import Store
 from agora_pg.errors import DatabaseUnavailable
 from agora_pg.events.model import Event, EventFilter, cursor_of
@@ -202,7 +202,7 @@ async def test_replay_from_a_cursor_sends_what_was_missed_once(queue: Queue, sto
         await stream.close()
     assert sorted(e.data["job_id"] for e in replayed if e.type == "job.enqueued") == [j.id for j in jobs]
     assert len({event.key for event in replayed}) == len(replayed)  # no repeats inside the replay
-    assert [e.type for e in replayed if e.data["job_id"] == jobs[0].id] == ["job.enqueued", "job.finished"]
+    assert [e.type for e in replayed if e.data["job_id"] == jobs[0].id] == ["job.enqueued", "job.started", "job.finished"]
     assert [(e.type, e.data["job_id"]) for e in live] == [("job.enqueued", late.id)]  # no replayed event again
     assert cursor is not None and int(cursor) >= int(cursor_of(start))
 
@@ -322,6 +322,32 @@ async def test_a_pipelines_runs_are_its_job_events(queue: Queue, store: Store, s
     finally:
         await stream.close()
     assert {event.data["job_id"] for event in got} == {job.id} != {other.id}
-    assert [event.type for event in got] == ["job.enqueued", "job.finished"]
+    assert [event.type for event in got] == ["job.enqueued", "job.started", "job.finished"]
     assert (got[-1].data["queue"], got[-1].data["kind"], got[-1].data["outcome"]) == (
         "agora:pipelines", "nightly", "succeeded")
+
+
+async def test_a_job_that_ends_in_a_millisecond_still_shows_its_start_before_its_end(
+    queue: Queue, store: Store, settings: Settings
+) -> None:
+    """300 jobs of about 1 ms drained by a worker of 10 slots while a subscriber reads:
+    each job's job.started arrives, and before its job.finished (a started event was read
+    from running jobs only, so a job that ended between two reads had none)."""
+
+    async def quick(_job: Job, _resources: Any) -> None:
+        await asyncio.sleep(0.001)
+
+    stream = EventStream(store, min_interval=0.2)  # (reads far apart: most jobs start and end between two)
+    try:
+        subscription = await stream.subscribe(EventFilter(kind="quick"))
+        events = subscription.events()
+        jobs = await queue.enqueue_many([JobSpec("quick") for _ in range(300)])
+        async with running(Worker({"quick": quick}, settings=settings)):
+            ended: set[int] = set()
+            seen = await events_until(events, lambda event: event.type == "job.finished"
+                                      and (ended.add(event.data["job_id"]) or len(ended) == len(jobs)), timeout=60)
+    finally:
+        await stream.close()
+    for job in jobs:
+        mine = [event.type for event in seen if event.data["job_id"] == job.id and event.type != "job.enqueued"]
+        assert mine == ["job.started", "job.finished"], (job.id, mine)
